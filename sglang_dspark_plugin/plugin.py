@@ -1,0 +1,201 @@
+"""Registration of the ``dspark`` attention backend with SGLang (the plugin's entry point).
+
+SGLang calls ``register()`` through the ``sglang.srt.plugins`` entry point in every process it
+starts (launcher, scheduler, detokenizer), so everything here is idempotent and cheap: heavy
+SGLang modules (the KDA backend, the kernels) are imported only when a model is built.
+
+What registration does, and the SGLang internals it touches (all of them, on purpose listed here):
+
+1. ``--attention-backend dspark`` becomes a valid choice
+   (``sglang.srt.arg_groups.choices.ATTENTION_BACKEND_CHOICES``, shared with the decode/prefill
+   backend flags).
+2. ``ATTENTION_BACKENDS["dspark"]`` builds the *full-attention* backend for the MLA layers: a
+   stock SGLang backend chosen per GPU (Hopper: ``fa3``; Blackwell: ``flashinfer``, what SGLang
+   itself picks for MLA there; no or another GPU: ``triton``). ``SGLANG_DSPARK_FULL_ATTN_BACKEND``
+   overrides the choice.
+3. Every name-keyed SGLang table that must know the alias gets ``dspark`` with the delegate's
+   entry, so the MLA layers take the same code path as under the delegate's own name: the MLA
+   forward-method handler (``AttentionBackendRegistry``), the absorb-core list
+   (``FORWARD_ABSORB_CORE_ATTENTION_BACKENDS``) and the chunked-prefix-cache list.
+4. One AROUND hook on ``attention_registry.attn_backend_wrapper``: for Kimi-style KDA models
+   served with ``dspark`` it makes SGLang's hybrid construction build the plugin's KDA backend
+   (``DSparkKDAAttnBackend``) for the linear layers. Other models, and draft workers, are untouched.
+
+SGLang only logs exceptions raised by plugins, so ``register()`` checks its own work and logs one
+line naming what it registered, or one error naming what is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger("sglang_dspark_plugin")
+
+BACKEND_NAME = "dspark"
+SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
+HOOK_TARGET = "sglang.srt.layers.attention.attention_registry.attn_backend_wrapper"
+FULL_ATTN_OVERRIDE_ENV = "SGLANG_DSPARK_FULL_ATTN_BACKEND"
+
+
+def full_attention_delegate() -> str:
+    """Name of the stock SGLang backend that serves the MLA / full-attention layers here."""
+    override = os.environ.get(FULL_ATTN_OVERRIDE_ENV)
+    if override:
+        return override
+    from sglang.srt.runtime_context import get_platform
+
+    platform = get_platform()
+    if platform.is_hopper_with_cuda_12_3:
+        return "fa3"
+    if platform.is_blackwell:
+        return "flashinfer"
+    return "triton"
+
+
+def _create_dspark_full_attention_backend(runner):
+    """``ATTENTION_BACKENDS["dspark"]``: the full-attention backend for the MLA layers.
+
+    SGLang's ``attn_backend_wrapper`` then pairs it with the linear (KDA) backend.
+    """
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    delegate = full_attention_delegate()
+    logger.info("dspark: full-attention (MLA) layers use SGLang's %r backend", delegate)
+    return ATTENTION_BACKENDS[delegate](runner)
+
+
+def _uses_dspark_kda(runner) -> bool:
+    """True when this runner serves a Kimi-style KDA target model with ``dspark``."""
+    from sglang.srt.configs.hybrid_arch import kimi_linear_config
+
+    names = (
+        getattr(runner, "prefill_attention_backend_str", None),
+        getattr(runner, "decode_attention_backend_str", None),
+    )
+    return (
+        BACKEND_NAME in names
+        and not getattr(runner, "is_draft_worker", False)
+        and kimi_linear_config(runner.model_config) is not None
+    )
+
+
+def _attn_backend_wrapper_hook(original_fn, runner, full_attn_backend, *args, **kwargs):
+    """AROUND hook on ``attn_backend_wrapper``.
+
+    SGLang's wrapper imports ``KDAAttnBackend`` from ``kda_backend`` at call time and builds
+    ``HybridLinearAttnBackend(full, KDAAttnBackend(runner), full_attn_layers)``. For dspark KDA
+    models the plugin's subclass stands in for that name during the call, so SGLang builds the
+    hybrid exactly as it always does (derived flags, backend lists) with our linear child.
+    """
+    if not _uses_dspark_kda(runner):
+        return original_fn(runner, full_attn_backend, *args, **kwargs)
+
+    from sglang.srt.layers.attention.linear import kda_backend
+
+    from .backend import DSparkKDAAttnBackend
+
+    stock = kda_backend.KDAAttnBackend
+    kda_backend.KDAAttnBackend = DSparkKDAAttnBackend
+    try:
+        hybrid = original_fn(runner, full_attn_backend, *args, **kwargs)
+    finally:
+        kda_backend.KDAAttnBackend = stock
+    linear = getattr(hybrid, "linear_attn_backend", None)
+    if not isinstance(linear, DSparkKDAAttnBackend):
+        logger.error(
+            "dspark: expected SGLang to build DSparkKDAAttnBackend for the KDA layers, got %s; "
+            "the KDA layers run on SGLang's own path",
+            type(linear).__name__,
+        )
+    return hybrid
+
+
+def _register_name_aliases(delegate: str) -> None:
+    """Make every name-keyed SGLang table treat ``dspark`` like its delegate."""
+    from sglang.srt.arg_groups import choices
+    from sglang.srt.models.deepseek_common import utils as deepseek_utils
+    from sglang.srt.models.deepseek_common.attention_backend_handler import (
+        AttentionBackendRegistry,
+    )
+
+    handler = AttentionBackendRegistry._handlers.get(delegate)
+    if handler is not None:
+        AttentionBackendRegistry.register(BACKEND_NAME, handler)
+
+    absorb = deepseek_utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS
+    if delegate in absorb and BACKEND_NAME not in absorb:
+        absorb.append(BACKEND_NAME)
+
+    chunked = choices.CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS
+    if delegate in chunked and BACKEND_NAME not in chunked:
+        choices.add_chunked_prefix_cache_attention_backend(BACKEND_NAME)
+
+
+def register() -> None:
+    """Entry point of ``[project.entry-points."sglang.srt.plugins"] dspark``. Idempotent."""
+    try:
+        delegate = _register()
+    except Exception as exc:
+        logger.error(
+            "dspark plugin NOT registered (--attention-backend dspark will be rejected): %s: %s",
+            type(exc).__name__,
+            exc,
+        )
+        raise
+    logger.info(
+        "dspark plugin registered: --attention-backend dspark (MLA layers -> %r, "
+        "KDA layers -> DSparkKDAAttnBackend)",
+        delegate,
+    )
+
+
+def _register() -> str:
+    try:  # TEMP until cpu_support lands
+        from . import cpu_support
+    except ImportError:
+        cpu_support = None
+    if cpu_support is not None:
+        cpu_support.apply()  # no-op when a GPU is present
+
+    import sglang
+
+    version = getattr(sglang, "__version__", "unknown")
+    if version not in SUPPORTED_SGLANG_VERSIONS:
+        raise RuntimeError(
+            f"unsupported SGLang version {version}; this plugin supports "
+            f"{', '.join(SUPPORTED_SGLANG_VERSIONS)} (pip install sglang=={SUPPORTED_SGLANG_VERSIONS[-1]})"
+        )
+
+    from sglang.srt.arg_groups import choices
+    from sglang.srt.layers.attention.attention_registry import (
+        ATTENTION_BACKENDS,
+        register_attention_backend,
+    )
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if BACKEND_NAME not in choices.ATTENTION_BACKEND_CHOICES:
+        choices.add_attention_backend_choices([BACKEND_NAME])
+    if ATTENTION_BACKENDS.get(BACKEND_NAME) is not _create_dspark_full_attention_backend:
+        register_attention_backend(BACKEND_NAME)(_create_dspark_full_attention_backend)
+
+    delegate = full_attention_delegate()
+    _register_name_aliases(delegate)
+
+    registered = [h for _, h, _ in HookRegistry._hooks.get(HOOK_TARGET, [])]
+    if _attn_backend_wrapper_hook not in registered:
+        HookRegistry.register(HOOK_TARGET, _attn_backend_wrapper_hook, HookType.AROUND)
+    # load_plugins() applies hooks after all plugins ran; applying here too makes a direct
+    # register() call (tests, embedding code) complete. Patched targets are skipped.
+    HookRegistry.apply_hooks()
+
+    missing = []
+    if choices.ATTENTION_BACKEND_CHOICES.count(BACKEND_NAME) != 1:
+        missing.append("attention-backend choice")
+    if BACKEND_NAME not in ATTENTION_BACKENDS:
+        missing.append("ATTENTION_BACKENDS factory")
+    if HOOK_TARGET not in HookRegistry._patched:
+        missing.append(f"hook on {HOOK_TARGET}")
+    if missing:
+        raise RuntimeError("registration incomplete: " + ", ".join(missing))
+    return delegate
