@@ -1,0 +1,28 @@
+"""Shared test setup.
+
+Without a GPU, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` must be set
+before any ``@triton.jit`` function is defined, so it is set here, before test modules import
+the kernels. ``gpu`` tests are skipped without CUDA.
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# tests/sglang_kit.py is imported by several test folders.
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
