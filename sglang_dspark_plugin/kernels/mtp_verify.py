@@ -1,0 +1,412 @@
+"""MTP (speculative) verify for KDA: conv + gates + delta rule over a 1+num_spec token window.
+
+One Triton program owns one (request, head, V-tile). It reads the persistent recurrent state tile
+``[BV, 128]`` once, keeps it in registers across the window's steps and never writes it back
+(verify is read-only on ``ssm_state`` and ``conv_state``). Per step it writes the conv window
+after the token (both modes) and either the state after the step (snapshot mode) or the
+ReplaySSM rings (ring mode), so the commit can pick the accepted prefix later.
+
+The small ``@triton.jit`` helpers at the top are shared with ``decode.py`` and
+``replayssm_fold.py`` so that the three kernels perform the same floating-point operations in
+the same order (the fold reproduces snapshot mode bit for bit under the same compiler).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import validation as V
+from .reference import default_scale
+
+DEFAULT_BLOCK_V = 32
+DEFAULT_NUM_WARPS = 4
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared device helpers (fp32 in, fp32 out; never arithmetic on bf16: the interpreter keeps bf16
+# as raw bits, so every load is converted to fp32 first and bf16 appears only in stores/rounding)
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _round_act(x, ACT_BF16: tl.constexpr):
+    """Round fp32 to the nearest bf16 value (ties to even), returned as fp32, when ACT_BF16.
+
+    Done with integer bit operations because the Triton interpreter's fp32 -> bf16 cast truncates
+    (and its "rtne" mode mishandles the mantissa carry); the result is exactly representable, so
+    a following ``.to(tl.bfloat16)`` is exact both compiled and interpreted.
+    """
+    if ACT_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        x = bits.to(tl.float32, bitcast=True)
+    return x
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _softplus(x):
+    """torch.nn.functional.softplus(x, beta=1, threshold=20) in fp32, log1p-accurate for x << 0."""
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    d = tl.where(u == 1.0, 1.0, u - 1.0)
+    lp = tl.where(u == 1.0, e, tl.log(u) * (e / d))  # log1p(e) (Goldberg's trick)
+    return tl.where(x > 20.0, x, lp)
+
+
+@triton.jit
+def _kda_gate(a, dtb, A, lower_bound, USE_LB: tl.constexpr):
+    """Per-K log-decay g from the raw gate input ``a`` (fp32 [128]); ``A = exp(A_log[h])``."""
+    x = a + dtb
+    if USE_LB:
+        g = lower_bound * _sigmoid(A * x)
+    else:
+        g = -A * _softplus(x)
+    return g
+
+
+@triton.jit
+def _conv_silu(c0, c1, c2, x, w0, w1, w2, w3):
+    """Width-4 causal conv (c0 oldest, x current) + SiLU, fp32 (the caller rounds to act dtype)."""
+    z = w0 * c0 + w1 * c1 + w2 * c2 + w3 * x
+    return z / (1.0 + tl.exp(-z))
+
+
+@triton.jit
+def _l2norm(x):
+    """x * rsqrt(sum(x^2) + 1e-6) over a 1-D block."""
+    return x * tl.rsqrt(tl.sum(x * x, axis=0) + 1e-6)
+
+
+@triton.jit
+def _delta_step(S, k, g, beta, v):
+    """One gated delta-rule step on a [BV, 128] state tile (rows = V slice, cols = K).
+
+    S <- S * exp(g)[None, :]; u = beta * (v - S k); S <- S + u k^T.
+    (A later tl.dot/UT-transform version replaces this per-step body.)
+    """
+    S = S * tl.exp(g)[None, :]
+    kv = tl.sum(S * k[None, :], axis=1)
+    u = beta * (v - kv)
+    return S + u[:, None] * k[None, :]
+
+
+@triton.jit
+def _load_conv_weights(w_ptr, ch, s_w):
+    base = w_ptr + ch.to(tl.int64) * s_w
+    return (tl.load(base + 0), tl.load(base + 1), tl.load(base + 2), tl.load(base + 3))
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _mtp_verify_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, out_ptr,
+    w_ptr, A_log_ptr, dt_bias_ptr,
+    ssm_ptr, conv_ptr, slot_ptr, cu_ptr,
+    icw_ptr, irow_ptr, issm_ptr,
+    rv_ptr, rk_ptr, rg_ptr, rb_ptr,
+    N, T, H, lower_bound, scale,
+    s_q_t, s_q_h, s_k_t, s_k_h, s_v_t, s_v_h, s_a_t, s_a_h, s_b_t, s_b_h, s_o_t, s_o_h,
+    s_w,
+    s_ssm_slot, s_conv_slot, s_conv_row,
+    s_icw_row, s_icw_step, s_icw_win,
+    s_issm_row, s_issm_step,
+    s_rv_slot, s_rv_h, s_rv_t, s_rk_slot, s_rk_h, s_rk_t,
+    s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t,
+    STEPS: tl.constexpr, BV: tl.constexpr, ACT_BF16: tl.constexpr,
+    USE_LB: tl.constexpr, SNAPSHOT: tl.constexpr, RING: tl.constexpr,
+):
+    iv = tl.program_id(0)
+    n = tl.program_id(1)
+    h = tl.program_id(2)
+    KD: tl.constexpr = 128
+    offs_k = tl.arange(0, KD)
+    offs_v = iv * BV + tl.arange(0, BV)
+    out_ty = out_ptr.dtype.element_ty
+    h64 = h.to(tl.int64)
+
+    # Output rows no request covers ([cu_seqlens[N], T)): zero the dense positions of block n.
+    cu_end = tl.load(cu_ptr + N)
+    for j in tl.static_range(STEPS):
+        p = n * STEPS + j
+        tl.store(out_ptr + p.to(tl.int64) * s_o_t + h64 * s_o_h + offs_v,
+                 tl.zeros([BV], dtype=tl.float32).to(out_ty),
+                 mask=(offs_v < KD) & (p >= cu_end) & (p < T))
+
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    bos = tl.load(cu_ptr + n)
+    n_tok = tl.minimum(tl.load(cu_ptr + n + 1) - bos, STEPS)
+
+    if slot < 0:
+        # CUDA-graph padding: read nothing from the slot, write nothing but zeros to out.
+        for t in range(n_tok):
+            tl.store(out_ptr + (bos + t).to(tl.int64) * s_o_t + h64 * s_o_h + offs_v,
+                     tl.zeros([BV], dtype=tl.float32).to(out_ty))
+    else:
+        row = tl.load(irow_ptr + n).to(tl.int64)
+        is_v0 = iv == 0
+        ch_q = h * KD + offs_k
+        ch_k = H * KD + h * KD + offs_k
+        ch_v = 2 * H * KD + h * KD + offs_v
+
+        # Conv windows (3 previous inputs, row 0 oldest) of this head's q, k and V-tile channels.
+        cbase = conv_ptr + slot * s_conv_slot
+        q0 = tl.load(cbase + ch_q).to(tl.float32)
+        q1 = tl.load(cbase + s_conv_row + ch_q).to(tl.float32)
+        q2 = tl.load(cbase + 2 * s_conv_row + ch_q).to(tl.float32)
+        k0 = tl.load(cbase + ch_k).to(tl.float32)
+        k1 = tl.load(cbase + s_conv_row + ch_k).to(tl.float32)
+        k2 = tl.load(cbase + 2 * s_conv_row + ch_k).to(tl.float32)
+        v0 = tl.load(cbase + ch_v).to(tl.float32)
+        v1 = tl.load(cbase + s_conv_row + ch_v).to(tl.float32)
+        v2 = tl.load(cbase + 2 * s_conv_row + ch_v).to(tl.float32)
+        wq0, wq1, wq2, wq3 = _load_conv_weights(w_ptr, ch_q, s_w)
+        wk0, wk1, wk2, wk3 = _load_conv_weights(w_ptr, ch_k, s_w)
+        wv0, wv1, wv2, wv3 = _load_conv_weights(w_ptr, ch_v, s_w)
+
+        A = tl.exp(tl.load(A_log_ptr + h))
+        dtb = tl.load(dt_bias_ptr + h * KD + offs_k)
+
+        # The state tile, read once and kept in registers for the whole window.
+        S = tl.load(ssm_ptr + slot * s_ssm_slot + h64 * (KD * KD)
+                    + offs_v[:, None] * KD + offs_k[None, :])
+
+        icw_base = icw_ptr + row * s_icw_row
+        for t in range(n_tok):
+            tok = (bos + t).to(tl.int64)
+            xq = tl.load(q_ptr + tok * s_q_t + h64 * s_q_h + offs_k).to(tl.float32)
+            xk = tl.load(k_ptr + tok * s_k_t + h64 * s_k_h + offs_k).to(tl.float32)
+            xv = tl.load(v_ptr + tok * s_v_t + h64 * s_v_h + offs_v).to(tl.float32)
+            # conv + SiLU, rounded to the activation dtype as SGLang does
+            yq = _round_act(_conv_silu(q0, q1, q2, xq, wq0, wq1, wq2, wq3), ACT_BF16)
+            yk = _round_act(_conv_silu(k0, k1, k2, xk, wk0, wk1, wk2, wk3), ACT_BF16)
+            yv = _round_act(_conv_silu(v0, v1, v2, xv, wv0, wv1, wv2, wv3), ACT_BF16)
+            q0, q1, q2 = q1, q2, xq
+            k0, k1, k2 = k1, k2, xk
+            v0, v1, v2 = v1, v2, xv
+
+            # conv window after this token -> intermediate_conv[row, t]
+            ic = icw_base + t * s_icw_step
+            icw_ty = icw_ptr.dtype.element_ty
+            m_qk = (offs_k < KD) & is_v0
+            tl.store(ic + ch_q, q0.to(icw_ty), mask=m_qk)
+            tl.store(ic + s_icw_win + ch_q, q1.to(icw_ty), mask=m_qk)
+            tl.store(ic + 2 * s_icw_win + ch_q, q2.to(icw_ty), mask=m_qk)
+            tl.store(ic + ch_k, k0.to(icw_ty), mask=m_qk)
+            tl.store(ic + s_icw_win + ch_k, k1.to(icw_ty), mask=m_qk)
+            tl.store(ic + 2 * s_icw_win + ch_k, k2.to(icw_ty), mask=m_qk)
+            tl.store(ic + ch_v, v0.to(icw_ty))
+            tl.store(ic + s_icw_win + ch_v, v1.to(icw_ty))
+            tl.store(ic + 2 * s_icw_win + ch_v, v2.to(icw_ty))
+
+            # gates
+            a_t = tl.load(a_ptr + tok * s_a_t + h64 * s_a_h + offs_k).to(tl.float32)
+            g = _kda_gate(a_t, dtb, A, lower_bound, USE_LB)
+            beta = _sigmoid(tl.load(b_ptr + tok * s_b_t + h64 * s_b_h).to(tl.float32))
+            qn = _l2norm(yq) * scale
+            kn = _l2norm(yk)
+
+            if RING:
+                tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + t * s_rv_t + offs_v,
+                         yv.to(rv_ptr.dtype.element_ty))
+                tl.store(rk_ptr + slot * s_rk_slot + h64 * s_rk_h + t * s_rk_t + offs_k,
+                         yk.to(rk_ptr.dtype.element_ty), mask=m_qk)
+                tl.store(rg_ptr + slot * s_rg_slot + h64 * s_rg_h + t * s_rg_t + offs_k, g, mask=m_qk)
+                tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + t * s_rb_t, beta, mask=is_v0)
+
+            S = _delta_step(S, kn, g, beta, yv)
+            o = tl.sum(S * qn[None, :], axis=1)
+            tl.store(out_ptr + tok * s_o_t + h64 * s_o_h + offs_v, _round_act(o, ACT_BF16).to(out_ty))
+            if SNAPSHOT:
+                tl.store(issm_ptr + row * s_issm_row + t * s_issm_step + h64 * (KD * KD)
+                         + offs_v[:, None] * KD + offs_k[None, :], S)
+
+
+# ----------------------------------------------------------------------------------------------
+# Wrapper
+# ----------------------------------------------------------------------------------------------
+
+def mtp_verify(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *,
+    conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: Optional[float],
+    ssm_state: torch.Tensor, conv_state: torch.Tensor,
+    slot_indices: torch.Tensor, cu_seqlens: torch.Tensor, num_spec: int,
+    intermediate_conv: torch.Tensor, intermediate_rows: torch.Tensor,
+    intermediate_ssm: Optional[torch.Tensor] = None,
+    ring_rawv: Optional[torch.Tensor] = None, ring_rawk: Optional[torch.Tensor] = None,
+    ring_g: Optional[torch.Tensor] = None, ring_beta: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None, out: Optional[torch.Tensor] = None,
+    block_v: Optional[int] = None, num_warps: Optional[int] = None,
+) -> torch.Tensor:
+    """KDA speculative verify of N requests x (1 + num_spec) tokens; state and conv are read-only.
+
+    Each request n owns tokens ``[cu_seqlens[n], cu_seqlens[n+1])`` (at most ``1 + num_spec``;
+    shorter requests are fine, steps past their length are neither computed nor written) and
+    starts from ``ssm_state[slot_indices[n]]`` / ``conv_state[slot_indices[n]]``. No host sync.
+
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        Pre-conv raw inputs, shape ``[1, T, H, 128]``, dtype bf16 / fp32 (all three the same:
+        the activation dtype). Last dim contiguous; head and token strides are free, so the three
+        channel groups of SGLang's ``mixed_qkv [T, 3*H*128]`` can be passed as views
+        (``mixed_qkv[:, :H*128].view(1, T, H, 128)`` etc.). ``T == N * (1 + num_spec)``.
+    a : torch.Tensor
+        Raw forget-gate input, ``[1, T, H, 128]``, bf16 / fp32, last dim contiguous.
+    b : torch.Tensor
+        Raw beta logits, ``[1, T, H]``, bf16 / fp32 (any strides).
+    conv_weight : torch.Tensor
+        ``[D, 4]`` fp32, ``D = 3*H*128`` channels ``[q heads | k heads | v heads]``, column 3 multiplies
+        the current input. Last dim contiguous.
+    A_log : torch.Tensor
+        ``H`` fp32 values, any shape (``[H]`` or SGLang's ``[1, 1, H, 1]``), contiguous.
+    dt_bias : torch.Tensor
+        ``H*128`` fp32 values, contiguous.
+    lower_bound : float or None
+        ``None``: gate ``g = -exp(A_log) * softplus(a + dt_bias)``; a float (e.g. -5.0):
+        ``g = lower_bound * sigmoid(exp(A_log) * (a + dt_bias))``.
+    ssm_state : torch.Tensor
+        Persistent recurrent state ``[slots, H, 128 (V), 128 (K)]`` fp32, each slot's ``[H, 128, 128]``
+        block contiguous (any slot stride). Read only.
+    conv_state : torch.Tensor
+        Persistent conv window ``[slots, 3, D]`` in the activation dtype, D contiguous, row 0 oldest.
+        Read only.
+    slot_indices : torch.Tensor
+        ``[N]`` int32, slot of each request; ``-1`` = CUDA-graph padding (nothing read or written,
+        output rows zero).
+    cu_seqlens : torch.Tensor
+        ``[N + 1]`` int32 token offsets (``cu_seqlens[0] == 0``). Output rows ``[cu_seqlens[N], T)``
+        belong to no request and are zero-filled.
+    num_spec : int
+        Draft tokens per request (window = ``1 + num_spec`` steps); a compile-time constant.
+    intermediate_conv : torch.Tensor
+        ``[rows, >= 1+num_spec, 3, D]`` activation dtype, D contiguous; ``[intermediate_rows[n], t]``
+        receives the conv window after token t (written in both modes).
+    intermediate_rows : torch.Tensor
+        ``[N]`` int32, scratch row of each request for ``intermediate_conv`` / ``intermediate_ssm``.
+    intermediate_ssm : torch.Tensor, optional
+        Snapshot mode: ``[rows, >= 1+num_spec, H, 128, 128]`` fp32 (each ``[H, 128, 128]`` block
+        contiguous); ``[row, t]`` receives the state after step t.
+    ring_rawv, ring_rawk : torch.Tensor, optional
+        Ring mode: ``[slots, H, L, 128]`` activation dtype, last dim contiguous, ``L >= 1+num_spec``;
+        step t of request n goes to ``[slot, h, t]``: rawv = v after conv+SiLU (before the delta rule),
+        rawk = k after conv+SiLU (before the L2 norm).
+    ring_g : torch.Tensor, optional
+        Ring mode: ``[slots, H, L, 128]`` fp32 per-K log-decay g.
+    ring_beta : torch.Tensor, optional
+        Ring mode: ``[slots, H, L]`` fp32 ``sigmoid(b)``.
+    scale : float, optional
+        Query scale, default ``128 ** -0.5``.
+    out : torch.Tensor, optional
+        ``[1, T, H, 128]`` in the activation dtype, last dim contiguous; allocated when None.
+    block_v, num_warps : int, optional
+        Tuning knobs: V-tile per program (power of two dividing 128, default 32) and warps.
+
+    Exactly one of snapshot mode (``intermediate_ssm``) and ring mode (all four rings) must be used.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``, ``[1, T, H, 128]`` in the activation dtype.
+
+    Grid ``(128 // block_v, N, H)``: program (iv, n, h) keeps the state tile ``[block_v, 128]``
+    in registers for the whole window; q/k conv and norms are recomputed per V-tile; V-tile 0 alone
+    writes the q/k conv windows and the rawk/g/beta rings.
+    """
+    T, H, act = V.check_activations([("q", q, True), ("k", k, True), ("v", v, True), ("a", a, False)])
+    dev = q.device
+    V.check_beta(b, T, H)
+    num_spec = V.check_num_spec(num_spec)
+    steps = 1 + num_spec
+    N = V.check_index("slot_indices", slot_indices, None, what="slot per request, -1 = padding")
+    if T != N * steps:
+        raise V.dspark_error(
+            V.E_TOKENS, "T (tokens of q)", expected=f"T == N * (1 + num_spec) = {N} * {steps} = {N * steps}",
+            got=f"T = {T}",
+            fix="densify ragged verify batches to N rows of 1+num_spec tokens (pad short rows; cu_seqlens "
+                "keeps the real lengths), and pass num_spec = draft_token_num - 1",
+        )
+    V.check_index("cu_seqlens", cu_seqlens, N + 1, what="token offsets per request")
+    V.check_index("intermediate_rows", intermediate_rows, N, what="scratch row per request")
+    V.check_conv_weight(conv_weight, H)
+    A_flat, dt_flat = V.check_gate_params(A_log, dt_bias, H)
+    lower_bound = V.check_scalar("lower_bound", lower_bound, allow_none=True)
+    scale = default_scale() if scale is None else V.check_scalar("scale", scale, allow_none=False)
+    V.check_ssm_state("ssm_state", ssm_state, H, layered=False)
+    V.check_conv_state("conv_state", conv_state, H, act, layered=False)
+    V.check_intermediate_conv(intermediate_conv, H, steps, act, layered=False)
+
+    rings = (ring_rawv, ring_rawk, ring_g, ring_beta)
+    n_rings = sum(r is not None for r in rings)
+    snapshot = intermediate_ssm is not None
+    if n_rings not in (0, 4):
+        raise V.dspark_error(
+            V.E_MODE, "ring_rawv/ring_rawk/ring_g/ring_beta", expected="all four rings or none",
+            got=f"{n_rings} of 4", fix="pass the pool's four replayssm_* rings together (ring mode)",
+        )
+    ring = n_rings == 4
+    if snapshot == ring:
+        raise V.dspark_error(
+            V.E_MODE, "intermediate_ssm / rings",
+            expected="exactly one mode: intermediate_ssm (snapshot) or the four rings (ReplaySSM)",
+            got="both" if snapshot else "neither",
+            fix="pass intermediate_ssm=None under --enable-linear-replayssm-spec, else pass no rings",
+        )
+    if snapshot:
+        V.check_intermediate_ssm(intermediate_ssm, H, steps)
+    else:
+        V.check_rings(ring_rawv, ring_rawk, ring_g, ring_beta, H, steps, act, layered=False,
+                      slots=ssm_state.shape[0])
+    if out is None:
+        out = torch.empty((1, T, H, V.HEAD_DIM), dtype=act, device=dev)
+    else:
+        V.check_out(out, T, H, act)
+    V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
+                   ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, cu_seqlens=cu_seqlens,
+                   intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
+                   intermediate_ssm=intermediate_ssm, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
+                   ring_beta=ring_beta, out=out)
+    BV = V.check_block_v(block_v if block_v is not None else DEFAULT_BLOCK_V)
+    if N == 0:
+        return out
+
+    issm = intermediate_ssm if snapshot else ssm_state  # placeholder pointer, never touched
+    issm_strides = (intermediate_ssm.stride(0), intermediate_ssm.stride(1)) if snapshot else (0, 0)
+    if ring:
+        rv, rk, rg, rb = ring_rawv, ring_rawk, ring_g, ring_beta
+        ring_strides = (rv.stride(0), rv.stride(1), rv.stride(2), rk.stride(0), rk.stride(1), rk.stride(2),
+                        rg.stride(0), rg.stride(1), rg.stride(2), rb.stride(0), rb.stride(1), rb.stride(2))
+    else:
+        rv = rk = rg = rb = ssm_state
+        ring_strides = (0,) * 12
+
+    grid = (V.HEAD_DIM // BV, N, H)
+    _mtp_verify_kernel[grid](
+        q, k, v, a, b, out,
+        conv_weight, A_flat, dt_flat,
+        ssm_state, conv_state, slot_indices, cu_seqlens,
+        intermediate_conv, intermediate_rows, issm,
+        rv, rk, rg, rb,
+        N, T, H, 0.0 if lower_bound is None else lower_bound, scale,
+        q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+        a.stride(1), a.stride(2), b.stride(1), b.stride(2), out.stride(1), out.stride(2),
+        conv_weight.stride(0),
+        ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
+        intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
+        *issm_strides,
+        *ring_strides,
+        STEPS=steps, BV=BV, ACT_BF16=act == torch.bfloat16,
+        USE_LB=lower_bound is not None, SNAPSHOT=snapshot, RING=ring,
+        num_warps=num_warps or DEFAULT_NUM_WARPS,
+    )
+    return out

@@ -1,0 +1,235 @@
+"""ReplaySSM commit: fold the accepted prefix of the verify rings into the persistent state.
+
+After a ring-mode :func:`mtp_verify`, request n accepted ``accept_lens[n]`` tokens (anchor/bonus
+token included). This kernel replays exactly those steps from the rings into
+``ssm_state[layer, slot]`` in place, for every KDA layer in one launch, and optionally rolls the
+conv state forward to the window after the last accepted token and writes a radix "track"
+snapshot. It uses the same device helpers as the verify kernel, so the folded state equals the
+verify's snapshot-mode state after step ``accept - 1``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import validation as V
+from .mtp_verify import _delta_step, _l2norm
+
+DEFAULT_BLOCK_V = 32
+DEFAULT_NUM_WARPS = 4
+
+
+@triton.jit
+def _replayssm_fold_kernel(
+    ssm_ptr, rv_ptr, rk_ptr, rg_ptr, rb_ptr, slot_ptr, acc_ptr,
+    conv_ptr, icw_ptr, irow_ptr, tslot_ptr, tstep_ptr,
+    H, L, ICW_STEPS,
+    s_ssm_layer, s_ssm_slot,
+    s_rv_layer, s_rv_slot, s_rv_h, s_rv_t,
+    s_rk_layer, s_rk_slot, s_rk_h, s_rk_t,
+    s_rg_layer, s_rg_slot, s_rg_h, s_rg_t,
+    s_rb_layer, s_rb_slot, s_rb_h, s_rb_t,
+    s_conv_layer, s_conv_slot, s_conv_row,
+    s_icw_layer, s_icw_row, s_icw_step, s_icw_win,
+    BV: tl.constexpr, CONV: tl.constexpr, TRACK: tl.constexpr,
+):
+    iv = tl.program_id(0)
+    n = tl.program_id(1)
+    lh = tl.program_id(2)
+    KD: tl.constexpr = 128
+    layer = (lh // H).to(tl.int64)
+    h = lh % H
+    h64 = h.to(tl.int64)
+    offs_k = tl.arange(0, KD)
+    offs_v = iv * BV + tl.arange(0, BV)
+
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    acc = tl.load(acc_ptr + n)
+    if (slot >= 0) & (acc > 0):
+        n_acc = tl.minimum(acc, L)
+        tile = h64 * (KD * KD) + offs_v[:, None] * KD + offs_k[None, :]
+        s_layer = ssm_ptr + layer * s_ssm_layer
+        S = tl.load(s_layer + slot * s_ssm_slot + tile)
+        if TRACK:
+            tslot = tl.load(tslot_ptr + n).to(tl.int64)
+            tstep = tl.load(tstep_ptr + n)
+        rv_base = rv_ptr + layer * s_rv_layer + slot * s_rv_slot + h64 * s_rv_h
+        rk_base = rk_ptr + layer * s_rk_layer + slot * s_rk_slot + h64 * s_rk_h
+        rg_base = rg_ptr + layer * s_rg_layer + slot * s_rg_slot + h64 * s_rg_h
+        rb_base = rb_ptr + layer * s_rb_layer + slot * s_rb_slot + h64 * s_rb_h
+        for t in range(n_acc):
+            kn = _l2norm(tl.load(rk_base + t * s_rk_t + offs_k).to(tl.float32))
+            g = tl.load(rg_base + t * s_rg_t + offs_k)
+            beta = tl.load(rb_base + t * s_rb_t)
+            v = tl.load(rv_base + t * s_rv_t + offs_v).to(tl.float32)
+            S = _delta_step(S, kn, g, beta, v)
+            if TRACK:
+                tl.store(s_layer + tslot * s_ssm_slot + tile, S, mask=(t == tstep) & (tslot >= 0))
+        tl.store(s_layer + slot * s_ssm_slot + tile, S)
+
+        if CONV:
+            # conv_state[layer, slot] <- intermediate_conv[layer, row, accept - 1]; this program
+            # copies its V-tile's channel slice of the q, k and v groups of head h.
+            row = tl.load(irow_ptr + n).to(tl.int64)
+            step = tl.minimum(n_acc, ICW_STEPS) - 1
+            src = icw_ptr + layer * s_icw_layer + row * s_icw_row + step.to(tl.int64) * s_icw_step
+            dst = conv_ptr + layer * s_conv_layer + slot * s_conv_slot
+            for grp in tl.static_range(3):
+                ch = grp * H * KD + h * KD + offs_v
+                for r in tl.static_range(3):
+                    tl.store(dst + r * s_conv_row + ch, tl.load(src + r * s_icw_win + ch))
+
+
+def _layered(t: Optional[torch.Tensor], single_dim: int) -> Optional[torch.Tensor]:
+    return t.unsqueeze(0) if t is not None and isinstance(t, torch.Tensor) and t.dim() == single_dim else t
+
+
+def replayssm_fold(
+    ssm_state: torch.Tensor, ring_rawv: torch.Tensor, ring_rawk: torch.Tensor, ring_g: torch.Tensor,
+    ring_beta: torch.Tensor, slot_indices: torch.Tensor, accept_lens: torch.Tensor, *,
+    conv_state: Optional[torch.Tensor] = None, intermediate_conv: Optional[torch.Tensor] = None,
+    intermediate_rows: Optional[torch.Tensor] = None,
+    track_slot_indices: Optional[torch.Tensor] = None, track_steps: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None, block_v: Optional[int] = None, num_warps: Optional[int] = None,
+) -> torch.Tensor:
+    """Fold the accepted prefix of every request's verify rings into the persistent state, all layers.
+
+    For request n with ``slot = slot_indices[n] >= 0`` and ``a = accept_lens[n] >= 1``, every layer
+    and head replays steps ``t = 0 .. a-1``: ``k = rawk * rsqrt(sum(rawk^2) + 1e-6)``,
+    ``S <- S * exp(g)``, ``u = beta * (rawv - S k)``, ``S <- S + u k^T`` into ``ssm_state[layer, slot]``.
+    ``a == 0`` or ``slot == -1`` is a no-op. No host sync.
+
+    Parameters
+    ----------
+    ssm_state : torch.Tensor
+        ``[layers, slots, H, 128 (V), 128 (K)]`` fp32 (per-slot ``[H, 128, 128]`` block contiguous),
+        updated in place. A single-layer ``[slots, H, 128, 128]`` is accepted (all other tensors then
+        single-layer too).
+    ring_rawv, ring_rawk : torch.Tensor
+        ``[layers, slots, H, L, 128]`` activation dtype (bf16 in SGLang), last dim contiguous, as
+        written by :func:`mtp_verify` in ring mode.
+    ring_g : torch.Tensor
+        ``[layers, slots, H, L, 128]`` fp32 log-decay.
+    ring_beta : torch.Tensor
+        ``[layers, slots, H, L]`` fp32.
+    slot_indices : torch.Tensor
+        ``[N]`` int32 persistent slot per request (``-1`` = padding, skipped).
+    accept_lens : torch.Tensor
+        ``[N]`` int32 accepted tokens per request including the bonus token (``1 .. 1+num_spec``;
+        ``0`` = no-op; values above ``L`` are clamped to ``L``).
+    conv_state : torch.Tensor, optional
+        ``[layers, slots, 3, D]`` activation dtype, D contiguous: set to
+        ``intermediate_conv[layer, intermediate_rows[n], a-1]`` when given.
+    intermediate_conv : torch.Tensor, optional
+        ``[layers, rows, steps, 3, D]`` (same dtype as ``conv_state``), the verify's conv windows.
+    intermediate_rows : torch.Tensor, optional
+        ``[N]`` int32 scratch row per request (the one given to :func:`mtp_verify`).
+    track_slot_indices, track_steps : torch.Tensor, optional
+        ``[N]`` int32 each: also write the state after step ``track_steps[n]`` (0-based; ``< 0`` or
+        ``>= a`` = none) into ``ssm_state[:, track_slot_indices[n]]`` (SGLang's radix "track"
+        snapshot; a track slot of ``-1`` is skipped).
+    scale : float, optional
+        Unused (the fold never reads q); accepted for signature symmetry.
+    block_v, num_warps : int, optional
+        Tuning knobs (V-tile per program, default 32; warps).
+
+    Returns
+    -------
+    torch.Tensor
+        ``ssm_state`` (updated in place).
+
+    Grid ``(128 // block_v, N, layers * H)``; program (iv, n, layer*H + h) owns the state tile
+    ``ssm_state[layer, slot, h, iv*block_v : (iv+1)*block_v, :]`` (no two programs share state rows).
+    """
+    del scale
+    V.check_tensor("ssm_state", ssm_state, V.E_SSM)
+    single = ssm_state.dim() == 4
+    if single:
+        ssm_state = ssm_state.unsqueeze(0)
+        ring_rawv, ring_rawk, ring_g = (_layered(t, 4) for t in (ring_rawv, ring_rawk, ring_g))
+        ring_beta = _layered(ring_beta, 3)
+        conv_state = _layered(conv_state, 3)
+        intermediate_conv = _layered(intermediate_conv, 4)
+    H = ssm_state.shape[-3] if ssm_state.dim() >= 3 else -1
+    V.check_ssm_state("ssm_state", ssm_state, H, layered=True)
+    layers, slots = ssm_state.shape[0], ssm_state.shape[1]
+    for name, t in (("ring_rawv", ring_rawv), ("ring_rawk", ring_rawk)):
+        V.check_tensor(name, t, V.E_RING)
+    act = ring_rawv.dtype
+    if act not in V.ACT_DTYPES:
+        raise V.dspark_error(V.E_RING, "ring_rawv", expected="bfloat16 or float32", got=str(act),
+                             fix="pass the pool's replayssm_rawv ring (activation dtype)")
+    L = V.check_rings(ring_rawv, ring_rawk, ring_g, ring_beta, H, 1, act, layered=True, slots=slots, layers=layers)
+    N = V.check_index("slot_indices", slot_indices, None, what="slot per request, -1 = padding")
+    V.check_index("accept_lens", accept_lens, N, what="accepted tokens per request incl. the bonus token")
+
+    conv_args = (conv_state, intermediate_conv, intermediate_rows)
+    n_conv = sum(t is not None for t in conv_args)
+    if n_conv not in (0, 3):
+        raise V.dspark_error(
+            V.E_FOLD_ARGS, "conv_state/intermediate_conv/intermediate_rows", expected="all three or none",
+            got=f"{n_conv} of 3", fix="pass all three to roll the conv state forward, or none to fold the state only",
+        )
+    with_conv = n_conv == 3
+    if with_conv:
+        V.check_conv_state("conv_state", conv_state, H, conv_state.dtype if isinstance(conv_state, torch.Tensor)
+                           else act, layered=True)
+        V.check_intermediate_conv(intermediate_conv, H, 1, conv_state.dtype, layered=True)
+        V.check_index("intermediate_rows", intermediate_rows, N, what="scratch row per request")
+        if conv_state.shape[0] != layers or intermediate_conv.shape[0] != layers or conv_state.shape[1] != slots:
+            raise V.dspark_error(
+                V.E_FOLD_ARGS, "conv_state/intermediate_conv",
+                expected=f"{layers} layers (and {slots} slots for conv_state) like ssm_state",
+                got=f"conv_state {list(conv_state.shape)}, intermediate_conv {list(intermediate_conv.shape)}",
+                fix="pass the all-layer pool tensors (or single-layer tensors everywhere)",
+            )
+    n_track = (track_slot_indices is not None) + (track_steps is not None)
+    if n_track == 1:
+        raise V.dspark_error(
+            V.E_FOLD_ARGS, "track_slot_indices/track_steps", expected="both or none", got="only one",
+            fix="pass both to write the radix track snapshot, or neither",
+        )
+    track = n_track == 2
+    if track:
+        V.check_index("track_slot_indices", track_slot_indices, N, what="track slot per request, -1 = none")
+        V.check_index("track_steps", track_steps, N, what="0-based step to snapshot, < 0 = none")
+    dev = ssm_state.device
+    V.check_device(dev, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g, ring_beta=ring_beta,
+                   slot_indices=slot_indices, accept_lens=accept_lens, conv_state=conv_state,
+                   intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
+                   track_slot_indices=track_slot_indices, track_steps=track_steps)
+    BV = V.check_block_v(block_v if block_v is not None else DEFAULT_BLOCK_V)
+    if N == 0 or layers == 0:
+        return ssm_state.squeeze(0) if single else ssm_state
+
+    rv, rk, rg, rb = ring_rawv, ring_rawk, ring_g, ring_beta
+    if with_conv:
+        conv_ptr, icw_ptr, irow_ptr = conv_state, intermediate_conv, intermediate_rows
+        conv_strides = (conv_state.stride(0), conv_state.stride(1), conv_state.stride(2))
+        icw_strides = tuple(intermediate_conv.stride(i) for i in range(4))
+        icw_steps = intermediate_conv.shape[2]
+    else:
+        conv_ptr = icw_ptr = ssm_state  # placeholders, never touched
+        irow_ptr = slot_indices
+        conv_strides, icw_strides, icw_steps = (0, 0, 0), (0, 0, 0, 0), 1
+    tslot_ptr, tstep_ptr = (track_slot_indices, track_steps) if track else (slot_indices, slot_indices)
+
+    grid = (V.HEAD_DIM // BV, N, layers * H)
+    _replayssm_fold_kernel[grid](
+        ssm_state, rv, rk, rg, rb, slot_indices, accept_lens,
+        conv_ptr, icw_ptr, irow_ptr, tslot_ptr, tstep_ptr,
+        H, L, icw_steps,
+        ssm_state.stride(0), ssm_state.stride(1),
+        rv.stride(0), rv.stride(1), rv.stride(2), rv.stride(3),
+        rk.stride(0), rk.stride(1), rk.stride(2), rk.stride(3),
+        rg.stride(0), rg.stride(1), rg.stride(2), rg.stride(3),
+        rb.stride(0), rb.stride(1), rb.stride(2), rb.stride(3),
+        *conv_strides, *icw_strides,
+        BV=BV, CONV=with_conv, TRACK=track,
+        num_warps=num_warps or DEFAULT_NUM_WARPS,
+    )
+    return ssm_state.squeeze(0) if single else ssm_state

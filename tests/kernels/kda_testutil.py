@@ -1,0 +1,188 @@
+"""Input builders and comparison helpers for the kernel tests (and benchmarks/check_kernels_gpu.py).
+
+Realistic scales: q/k/v/a/b ~ randn, A_log ~ log(U(1, 16)), dt_bias ~ 0.1*randn,
+conv weights ~ U(-0.5, 0.5) (PyTorch's conv1d init for width 4), state ~ 0.5*randn.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+HEAD = 128
+F64 = torch.float64
+
+
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64 (0 when both are 0)."""
+    x = x.to(F64)
+    ref = ref.to(F64)
+    den = ref.norm().item()
+    num = (x - ref).norm().item()
+    if den == 0.0:
+        return num
+    return num / den
+
+
+def tol(dtype: torch.dtype) -> float:
+    return 1e-5 if dtype == torch.float32 else 1e-2
+
+
+def same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Bitwise equality (NaN-safe)."""
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    xb = x.contiguous().view(torch.uint8) if x.element_size() == 1 else x.contiguous().view(
+        {2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
+    yb = y.contiguous().view(xb.dtype)
+    return bool(torch.equal(xb, yb))
+
+
+@dataclass
+class Problem:
+    """One layer's worth of verify/decode inputs plus pool tensors."""
+
+    N: int
+    H: int
+    num_spec: int
+    dtype: torch.dtype
+    lower_bound: Optional[float]
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    conv_weight: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+    ssm_state: torch.Tensor
+    conv_state: torch.Tensor
+    slot_indices: torch.Tensor
+    cu_seqlens: torch.Tensor
+    intermediate_rows: torch.Tensor
+    slots: int
+    rows: int
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return 1 + self.num_spec
+
+    @property
+    def T(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def D(self) -> int:
+        return 3 * self.H * HEAD
+
+    def params(self) -> dict:
+        return dict(conv_weight=self.conv_weight, A_log=self.A_log, dt_bias=self.dt_bias,
+                    lower_bound=self.lower_bound)
+
+    def acts(self):
+        return self.q, self.k, self.v, self.a, self.b
+
+    def verify_kwargs(self) -> dict:
+        return dict(self.params(), ssm_state=self.ssm_state, conv_state=self.conv_state,
+                    slot_indices=self.slot_indices, cu_seqlens=self.cu_seqlens, num_spec=self.num_spec,
+                    intermediate_rows=self.intermediate_rows)
+
+    def ref_verify_kwargs(self) -> dict:
+        """Same as verify_kwargs with float64 copies of every float tensor (act_dtype kept)."""
+        kw = self.verify_kwargs()
+        for key in ("conv_weight", "A_log", "dt_bias", "ssm_state", "conv_state"):
+            kw[key] = kw[key].to(F64)
+        kw["act_dtype"] = self.dtype
+        return kw
+
+    def acts64(self):
+        return tuple(x.to(F64) for x in self.acts())
+
+    # scratch buffers -------------------------------------------------------------------------
+    def new_icw(self, dtype=None, fill=float("nan")) -> torch.Tensor:
+        return torch.full((self.rows, self.steps, 3, self.D), fill, dtype=dtype or self.dtype,
+                          device=self.q.device)
+
+    def new_issm(self, dtype=torch.float32, fill=float("nan")) -> torch.Tensor:
+        return torch.full((self.rows, self.steps, self.H, HEAD, HEAD), fill, dtype=dtype, device=self.q.device)
+
+    def new_rings(self, L=None, act_dtype=None, fill=float("nan")):
+        L = L or self.steps
+        dev = self.q.device
+        act_dtype = act_dtype or self.dtype
+        f32 = torch.float32 if act_dtype != F64 else F64
+        return dict(
+            ring_rawv=torch.full((self.slots, self.H, L, HEAD), fill, dtype=act_dtype, device=dev),
+            ring_rawk=torch.full((self.slots, self.H, L, HEAD), fill, dtype=act_dtype, device=dev),
+            ring_g=torch.full((self.slots, self.H, L, HEAD), fill, dtype=f32, device=dev),
+            ring_beta=torch.full((self.slots, self.H, L), fill, dtype=f32, device=dev),
+        )
+
+
+def make_problem(*, N: int, H: int, num_spec: int, dtype: torch.dtype, lower_bound: Optional[float],
+                 seed: int, dev: Optional[str] = None, slot_list=None, lengths=None, row_list=None,
+                 slots: Optional[int] = None, rows: Optional[int] = None, packed: bool = True,
+                 strided: bool = True) -> Problem:
+    """Random verify problem.
+
+    ``slot_list`` (default: distinct shuffled slots), ``lengths`` (tokens per request, default full
+    windows), ``row_list`` (default: reversed rows). ``packed``: cu_seqlens is the prefix sum of
+    ``lengths`` (uncovered tail rows at the end); otherwise a dense ``arange`` with the given lengths
+    taken from the start of each block is not expressible, so packed is the only ragged layout.
+    ``strided``: q/k/v are views of one ``mixed_qkv [T, D + 64]`` buffer like SGLang's fused GEMM.
+    """
+    dev = dev or device()
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    steps = 1 + num_spec
+    T = N * steps
+    D = 3 * H * HEAD
+    slots = slots or (N + 3)
+    rows = rows or (N + 1)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, dtype=F64) * scale)
+
+    if strided:
+        mixed = randn(T, D + 64).to(dtype).to(dev)
+        q = mixed[:, : H * HEAD].view(1, T, H, HEAD)
+        k = mixed[:, H * HEAD: 2 * H * HEAD].view(1, T, H, HEAD)
+        v = mixed[:, 2 * H * HEAD: D].view(1, T, H, HEAD)
+    else:
+        q, k, v = (randn(1, T, H, HEAD).to(dtype).to(dev) for _ in range(3))
+    a = randn(1, T, H, HEAD).to(dtype).to(dev)
+    b = randn(1, T, H).to(dtype).to(dev)
+    conv_weight = ((torch.rand(D, 4, generator=g, dtype=F64) - 0.5)).to(torch.float32).to(dev)
+    A_log = torch.log(torch.rand(H, generator=g, dtype=F64) * 15 + 1).to(torch.float32).to(dev)
+    dt_bias = randn(H * HEAD, scale=0.1).to(torch.float32).to(dev)
+    ssm_state = randn(slots, H, HEAD, HEAD, scale=0.5).to(torch.float32).to(dev)
+    conv_state = randn(slots, 3, D).to(dtype).to(dev)
+    if slot_list is None:
+        slot_list = torch.randperm(slots, generator=g)[:N].tolist()
+    if lengths is None:
+        lengths = [steps] * N
+    if row_list is None:
+        row_list = list(range(N))[::-1]
+    cu = [0]
+    for ln in lengths:
+        cu.append(cu[-1] + ln)
+    i32 = dict(dtype=torch.int32, device=dev)
+    return Problem(
+        N=N, H=H, num_spec=num_spec, dtype=dtype, lower_bound=lower_bound,
+        q=q, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
+        ssm_state=ssm_state, conv_state=conv_state,
+        slot_indices=torch.tensor(slot_list, **i32), cu_seqlens=torch.tensor(cu, **i32),
+        intermediate_rows=torch.tensor(row_list, **i32), slots=slots, rows=rows,
+        extra=dict(lengths=list(lengths), slot_list=list(slot_list), row_list=list(row_list)),
+    )
+
+
+def default_scale() -> float:
+    return 1.0 / math.sqrt(HEAD)
