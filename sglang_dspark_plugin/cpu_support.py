@@ -1,0 +1,508 @@
+"""Everything a CPU-only (no GPU) run of SGLang + this plugin needs, in one place.
+
+SGLang 0.5.23 and its Triton kernels target GPUs. On a machine without one, the whole serving
+chain (scheduler -> KDA backend -> Triton kernels, DSPARK draft/verify/commit) still runs when
+
+1. Triton runs in its interpreter (``TRITON_INTERPRET=1``; numpy executes every program) with a
+   few fixes to the interpreter (``_install_triton_interpreter_shims``, six of them), and
+2. five small device gates in SGLang let a plain CPU host through
+   (``_install_sglang_device_gate_patches``).
+
+``apply()`` installs both. It is called by the plugin's ``register()`` in every SGLang process
+(launcher, scheduler, detokenizer); it returns at once, changing nothing, when
+``torch.cuda.is_available()``; it is idempotent. Nothing here edits SGLang's or Triton's files on
+disk: every change is a runtime patch of a function, method or module attribute, installed right
+after the owning module is imported (or at once if it already was).
+
+The interpreter shims patch private Triton 3.8.0 internals (``triton.runtime.interpreter``); the
+project pins ``triton==3.8.0``. They are installed only when ``TRITON_INTERPRET=1`` (``apply()``
+sets it when it is unset and there is no GPU; it must be in the environment before Triton kernels
+are *decorated*, i.e. before the kernel modules are imported, so the server launcher in
+``serving.py`` puts it into the server's environment and SGLang's spawned processes inherit it).
+
+Background and measurements: docs/e2e.md; the reference notes cpu-ci-feasibility.md and
+dspark-on-cpu.md that this module implements.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.abc
+import importlib.machinery
+import logging
+import os
+import sys
+import threading
+from typing import Callable, Dict, List
+
+logger = logging.getLogger("sglang_dspark_plugin.cpu_support")
+
+_lock = threading.Lock()
+_applied = False
+_installed: List[str] = []  # names of the patches installed in this process, for diagnostics
+
+
+def gpu_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def apply() -> bool:
+    """Install the CPU-only patches in this process. Returns True when they are (now or already)
+    installed, False on a CUDA machine, where nothing is touched. Idempotent and thread-safe."""
+    global _applied
+    if gpu_available():
+        return False
+    with _lock:
+        if _applied:
+            return True
+        if os.environ.get("TRITON_INTERPRET") is None:
+            # Without a GPU Triton has no driver ("0 active drivers"); the interpreter is the only
+            # way to run its kernels. Processes SGLang spawns from here inherit this.
+            os.environ["TRITON_INTERPRET"] = "1"
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            _install_triton_interpreter_shims()
+        _install_sglang_device_gate_patches()
+        _applied = True
+    logger.info(
+        "dspark cpu_support: no GPU; CPU-only patches installed: %s (more are installed when "
+        "their SGLang modules are imported: %s)",
+        ", ".join(_installed) or "none",
+        ", ".join(sorted(_pending)) or "none",
+    )
+    return True
+
+
+def installed_patches() -> List[str]:
+    """Names of the patches installed in this process (empty on CUDA or before ``apply()``)."""
+    return list(_installed)
+
+
+# ----------------------------------------------------------------------------------------------
+# Small helpers: patch a module right after it is imported, rebind stale copies of a function
+# ----------------------------------------------------------------------------------------------
+
+_pending: Dict[str, List[Callable]] = {}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Meta-path finder that runs callbacks on a module right after it has been executed."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in _pending:
+            return None
+        # Let the normal finders locate the module, then wrap its loader.
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module, _run=run, _name=name):
+            _run(module)
+            for callback in _pending.pop(_name, []):
+                callback(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+_after_import_finder = _AfterImport()
+
+
+def _when_imported(module_name: str, callback: Callable) -> None:
+    """Run ``callback(module)`` now if ``module_name`` is imported, else right after its import."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        callback(module)
+        return
+    _pending.setdefault(module_name, []).append(callback)
+    if _after_import_finder not in sys.meta_path:
+        sys.meta_path.insert(0, _after_import_finder)
+
+
+def _rebind(module, name: str, new) -> None:
+    """Set ``module.name = new`` and rebind every ``from module import name`` copy already made
+    in other loaded modules (so callers that imported the name earlier see the patch too)."""
+    old = getattr(module, name)
+    setattr(module, name, new)
+    for other in list(sys.modules.values()):
+        namespace = getattr(other, "__dict__", None)
+        if not namespace or other is module:
+            continue
+        try:
+            if namespace.get(name) is old:
+                setattr(other, name, new)
+        except Exception:  # exotic modules with odd __dict__s
+            pass
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton interpreter shims (TRITON_INTERPRET=1, triton 3.8.0)
+# ----------------------------------------------------------------------------------------------
+
+
+def _install_triton_interpreter_shims() -> None:
+    _shim_autotune_first_config()
+    _shim_loop_index_is_tensor()
+    _shim_module_level_builtin_aliases()
+    _shim_libdevice_to_tl_math()
+    _shim_bf16_math_in_fp32()
+    _when_imported("sglang.kernels.ops.attention.fla.utils", _shim_fla_device_ctx)
+
+
+def _shim_autotune_first_config() -> None:
+    """1. Autotuned kernels: keep the first config, never benchmark.
+
+    The autotuner times every config with ``do_bench``, which needs a GPU driver ("0 active
+    drivers"). Under the interpreter timings mean nothing anyway, so only the first config (after
+    the kernel's own pruning) is ever run on CPU."""
+    import triton.runtime.autotuner as autotuner
+
+    prune = autotuner.Autotuner.prune_configs
+
+    def prune_configs(self, kwargs):
+        return prune(self, kwargs)[:1]
+
+    autotuner.Autotuner.prune_configs = prune_configs
+    _installed.append("triton: autotune first config")
+
+
+def _shim_loop_index_is_tensor() -> None:
+    """2. ``for i in range(...)`` loop indices become interpreter tensors.
+
+    Compiled Triton gives loop indices tensor semantics (``i_t.to(tl.int64)`` is common in fla and
+    SGLang kernels); the interpreter leaves them Python ints (``'int' object has no attribute
+    'to'``). The interpreter already rewrites each kernel's AST (``ASTTransformer``); we add a
+    ``name = interpreter_semantic.to_tensor(name, False)`` at the top of every ``for`` body."""
+    from triton.runtime import interpreter
+
+    def visit_For(self, node):
+        self.generic_visit(node)
+        if isinstance(node.target, ast.Name):
+            name = node.target.id
+            convert = ast.parse(f"{name} = interpreter_semantic.to_tensor({name}, False)").body[0]
+            node.body.insert(0, convert)
+        return node
+
+    interpreter.ASTTransformer.visit_For = visit_For
+    _installed.append("triton: loop index as tensor")
+
+
+def _shim_module_level_builtin_aliases() -> None:
+    """3. Module-level aliases of ``tl`` builtins (``exp = tl.exp``) work inside kernels.
+
+    Before each launch the interpreter swaps the builtins on ``triton.language`` for numpy
+    implementations, but a module that did ``exp = tl.exp`` keeps the compiled-mode builtin
+    ("Did you forget to add @triton.jit ?"). We find such aliases in every loaded non-Triton
+    module and let the interpreter patch (and afterwards restore) them like ``tl.*``. Entries are
+    only ever added (a module seen once stays tracked), and the scan reruns only when the number of
+    loaded modules changed."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    aliases: Dict[tuple, tuple] = {}
+    scanned_module_count = [-1]
+
+    def builtin_aliases():
+        if scanned_module_count[0] != len(sys.modules):
+            for module_name, module in list(sys.modules.items()):
+                if module is None or module_name.startswith(("triton", "torch", "numpy")):
+                    continue
+                for attr, value in list(getattr(module, "__dict__", {}).items()):
+                    try:
+                        if tl.core.is_builtin(value):
+                            aliases.setdefault((module_name, attr), (module, attr, value))
+                    except Exception:
+                        pass
+            scanned_module_count[0] = len(sys.modules)
+        return list(aliases.values())
+
+    patch_lang = interpreter._patch_lang
+
+    def _patch_lang(fn):
+        scope = patch_lang(fn)
+        for module, attr, value in builtin_aliases():
+            interpreter._patch_attr(module, attr, value, interpreter.interpreter_builder, scope)
+        return scope
+
+    interpreter._patch_lang = _patch_lang
+    _installed.append("triton: tl builtin aliases")
+
+
+def _shim_libdevice_to_tl_math() -> None:
+    """4. ``triton.language.extra.libdevice`` functions map to ``tl.math``.
+
+    In the interpreter the libdevice entry points are empty stubs returning None
+    (``unsupported operand type(s) for +: 'float' and 'NoneType'``). Each one with a ``tl.math``
+    counterpart (``fast_expf`` -> ``exp`` and so on) is redirected to it."""
+    import triton.language as tl
+    from triton.language.extra import libdevice
+
+    renames = {"fast_expf": "exp", "fast_logf": "log", "fast_log2f": "log2"}
+
+    def redirect(target):
+        def fn(*args, **kwargs):
+            return getattr(tl.math, target)(*args)
+
+        return fn
+
+    for name in [n for n in dir(libdevice) if not n.startswith("_")]:
+        target = renames.get(name, name)
+        if callable(getattr(tl.math, target, None)):
+            setattr(libdevice, name, redirect(target))
+    _installed.append("triton: libdevice -> tl.math")
+
+
+def _shim_bf16_math_in_fp32() -> None:
+    """5. bf16 arithmetic and ``tl.dot`` on bf16 compute in fp32.
+
+    The Triton 3.8 interpreter stores bf16 values as raw uint16 bit patterns, and its binary ops,
+    unary ops and ``tl.dot`` then operate on those *bits*: a kernel that casts to bf16 before a
+    ``tl.dot`` silently returns garbage (1.5e+35 errors measured on SGLang's chunk_kda). It also
+    lacks ``get_bf16`` (bf16 scalar constants). We decode bf16 operands to fp32, compute, and
+    round results back to bf16 (float results) or keep them (comparisons, integer results); a bf16
+    ``tl.dot`` multiplies in fp32 and accumulates into the accumulator's dtype, like the GPU."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    BF16 = tl.bfloat16
+    Builder, Handle, convert = interpreter.InterpreterBuilder, interpreter.TensorHandle, interpreter._convert_float
+
+    def to_f32(handle):
+        if handle.dtype.scalar == BF16:
+            return convert(handle.data, BF16, tl.float32, None).view(np.float32)
+        return handle.data
+
+    def to_bf16_bits(array):
+        fp32 = np.ascontiguousarray(array, np.float32)
+        return convert(fp32, tl.float32, BF16, None).view(np.uint16).reshape(np.shape(array))
+
+    binary_op, unary_op, create_dot = Builder.binary_op, Builder.unary_op, Builder.create_dot
+
+    def get_bf16(self, value):
+        return Handle(to_bf16_bits(np.array([value], np.float32)), BF16)
+
+    def bf16_binary_op(self, lhs, rhs, op):
+        if BF16 not in (lhs.dtype.scalar, rhs.dtype.scalar):
+            return binary_op(self, lhs, rhs, op)
+        out = op(to_f32(lhs), to_f32(rhs))
+        if out.dtype.kind == "f":
+            return Handle(to_bf16_bits(out), BF16)
+        return Handle(out, tl.int1 if out.dtype == np.bool_ else lhs.dtype.scalar)
+
+    def bf16_unary_op(self, arg, op):
+        if arg.dtype.scalar == BF16:
+            return Handle(to_bf16_bits(op(to_f32(arg))), BF16)
+        return unary_op(self, arg, op)
+
+    def bf16_create_dot(self, a, b, d, *rest):
+        if BF16 not in (a.dtype.scalar, b.dtype.scalar):
+            return create_dot(self, a, b, d, *rest)
+        product = np.matmul(to_f32(a), to_f32(b)).astype(d.data.dtype)
+        return Handle(product + d.data, d.dtype.scalar)
+
+    Builder.get_bf16 = get_bf16
+    Builder.binary_op = bf16_binary_op
+    Builder.unary_op = bf16_unary_op
+    Builder.create_dot = bf16_create_dot
+    _installed.append("triton: bf16 math in fp32")
+
+
+def _shim_fla_device_ctx(module) -> None:
+    """6. SGLang's vendored fla ``custom_device_ctx`` becomes a no-op context.
+
+    ``sglang.kernels.ops.attention.fla.utils`` enters ``torch.<device>.device(index)`` around every
+    kernel call; ``torch.cpu.device`` does not exist. There is only one device on CPU."""
+    module.custom_device_ctx = lambda index: contextlib.nullcontext()
+    _installed.append("fla: custom_device_ctx no-op")
+
+
+# ----------------------------------------------------------------------------------------------
+# The five SGLang device gates (dspark-on-cpu.md, "Blockers")
+# ----------------------------------------------------------------------------------------------
+#
+# SGLang's "CPU" (``is_cpu()``) means its own CPU engine (``SGLANG_USE_CPU_ENGINE=1`` with a
+# source-built CPU sgl-kernel and AMX). A plain CPU host is neither that nor CUDA, and a few code
+# paths then have no branch at all. Each patch below is installed only by ``apply()``, i.e. only
+# when ``torch.cuda.is_available()`` is False, so none of them can change CUDA behaviour; in
+# addition each one only acts on CPU tensors / the ``cpu`` device itself.
+
+
+def _install_sglang_device_gate_patches() -> None:
+    _when_imported("sglang.srt.arg_groups.speculative_hook", _gate_dspark_device_check)
+    _when_imported("sglang.srt.layers.rotary_embedding.base", _gate_rotary_native_path)
+    _gate_record_stream_cpu()
+    _when_imported("sglang.kernels.ops.speculative.cache_locs", _gate_cache_locs_triton_branch)
+    _when_imported("sglang.kernels.ops.mamba.mamba_state_scatter_triton", _gate_mamba_scatter_cpu)
+
+
+def _gate_dspark_device_check(speculative_hook) -> None:
+    """Gate 1: ``_handle_dspark`` refuses ``--device cpu``.
+
+    ``arg_groups/speculative_hook.py`` raises "DSpark speculative decoding only supports CUDA,
+    NPU or XPU device." It is a policy check on the device *name* only: nothing else in
+    ``_handle_dspark`` reads the device. While ``_handle_dspark`` runs for ``device == "cpu"`` the
+    read-only config view it builds reports ``cuda`` for ``.device`` (to that one function frame
+    only), so the rest of DSPARK's argument resolution runs unchanged. CUDA/NPU/XPU devices pass
+    straight through."""
+    original = speculative_hook._handle_dspark
+    if getattr(original, "_dspark_cpu_patch", False):
+        return
+    original_code = original.__code__
+
+    class _DeviceAsCuda:
+        __slots__ = ("_view",)
+
+        def __init__(self, view):
+            object.__setattr__(self, "_view", view)
+
+        def __getattr__(self, name):
+            value = getattr(object.__getattribute__(self, "_view"), name)
+            if name == "device" and value == "cpu":
+                return "cuda"
+            return value
+
+    def _handle_dspark(server_args):
+        device = getattr(server_args, "device", None)
+        if device != "cpu":
+            return original(server_args)
+        resolving_view = speculative_hook.resolving_view
+
+        def view_for_handle_dspark(args):
+            view = resolving_view(args)
+            if sys._getframe(1).f_code is original_code:
+                return _DeviceAsCuda(view)
+            return view
+
+        speculative_hook.resolving_view = view_for_handle_dspark
+        try:
+            return original(server_args)
+        finally:
+            speculative_hook.resolving_view = resolving_view
+
+    _handle_dspark._dspark_cpu_patch = True
+    _handle_dspark.__wrapped__ = original
+    speculative_hook._handle_dspark = _handle_dspark
+    _installed.append("sglang: DSPARK accepts --device cpu")
+
+
+def _gate_rotary_native_path(rotary_base) -> None:
+    """Gate 2: ``RotaryEmbedding`` imports ``vllm._custom_ops`` on a plain CPU host.
+
+    ``layers/rotary_embedding/base.py`` picks a "fallback kernel" for any platform that is not
+    CUDA, ``is_cpu()``, XPU, NPU, MUSA, MPS or out-of-tree, and imports it from vllm
+    (``No module named 'vllm'``; the DSPARK draft's RoPE hits this). The module's ``_is_cpu``
+    flag is read only in that condition; setting it makes a plain CPU host take the same branch as
+    SGLang's CPU engine: no fallback kernel, and forward dispatch (no platform key on a plain host)
+    goes to ``forward_native``, the pure-PyTorch RoPE."""
+    rotary_base._is_cpu = True
+    _installed.append("sglang: RoPE forward_native")
+
+
+def _gate_record_stream_cpu() -> None:
+    """Gate 3: ``Tensor.record_stream`` on a CPU tensor.
+
+    ``DSparkWorkerV2._forward_decode`` calls ``batch.seq_lens.record_stream(
+    torch.get_device_module(device).current_stream())``; for ``cpu`` torch raises
+    ``RuntimeError: unknown parameter type``. ``record_stream`` only informs the CUDA caching
+    allocator, which CPU tensors do not use, so for non-CUDA tensors it becomes a no-op."""
+    import torch
+
+    original = torch.Tensor.record_stream
+    if getattr(original, "_dspark_cpu_patch", False):
+        return
+
+    def record_stream(self, stream):
+        if self.is_cuda:
+            return original(self, stream)
+        return None
+
+    record_stream._dspark_cpu_patch = True
+    torch.Tensor.record_stream = record_stream
+    _installed.append("torch: record_stream no-op on CPU tensors")
+
+
+def _gate_cache_locs_triton_branch(cache_locs) -> None:
+    """Gate 4: the verify-window cache locations come back as ``None`` on a plain CPU host.
+
+    ``kernels/ops/speculative/cache_locs.py`` (``assign_extend_cache_locs_uniform_func`` and
+    ``assign_extend_cache_locs_func``) launch their Triton kernel under
+    ``if _is_cuda or _is_hip or _is_musa or _is_xpu``, have NPU and ``is_cpu()`` branches, and
+    otherwise fall through returning None (``'NoneType' object has no attribute 'view'`` in
+    ``dspark_planner.py``). The module's ``_is_cuda`` is read only in those two "launch the Triton
+    kernel" conditions, so we set it: under ``TRITON_INTERPRET=1`` the Triton kernel runs on CPU
+    tensors."""
+    cache_locs._is_cuda = True
+    _installed.append("sglang: cache_locs Triton branch")
+
+
+def _gate_mamba_scatter_cpu(scatter) -> None:
+    """Gate 5: the mamba-state commit scatters reject CPU tensors.
+
+    ``kernels/ops/mamba/mamba_state_scatter_triton.py``: ``fused_mamba_state_scatter_with_mask``
+    and ``fused_conv_window_scatter_with_mask`` raise "only supports CUDA/XPU tensors" (reached
+    from the DSPARK commit, ``update_mamba_state_after_mtp_verify``). For CPU tensors we run the
+    same gather-scatter in PyTorch, with the kernels' semantics: for each request ``i`` whose step
+    is ``>= 0`` and whose indices are in range, ``dst[:, dst_idx[i]] = src[:, src_row[i],
+    step[i]]`` (``src_row`` defaults to ``i``). Tensors on any other device go to SGLang's
+    original function unchanged."""
+
+    def make(original, check_src_nonnegative: bool):
+        if getattr(original, "_dspark_cpu_patch", False):
+            return original
+
+        def scatter_fn(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw=None):
+            if dst.device.type != "cpu" or src.device.type != "cpu":
+                return original(dst, src, dst_indices_raw, step_indices_raw, src_indices_raw)
+            _torch_state_scatter(
+                dst, src, dst_indices_raw, step_indices_raw, src_indices_raw, check_src_nonnegative
+            )
+
+        scatter_fn._dspark_cpu_patch = True
+        scatter_fn.__wrapped__ = original
+        scatter_fn.__name__ = original.__name__
+        scatter_fn.__doc__ = original.__doc__
+        return scatter_fn
+
+    _rebind(
+        scatter,
+        "fused_mamba_state_scatter_with_mask",
+        make(scatter.fused_mamba_state_scatter_with_mask, True),
+    )
+    _rebind(
+        scatter,
+        "fused_conv_window_scatter_with_mask",
+        make(scatter.fused_conv_window_scatter_with_mask, False),
+    )
+    _installed.append("sglang: mamba state scatter on CPU")
+
+
+def _torch_state_scatter(dst, src, dst_indices, step_indices, src_rows, check_src_nonnegative):
+    """``dst[:, dst_indices[i]] = src[:, src_rows[i], step_indices[i]]`` for the valid ``i``."""
+    import torch
+
+    n = step_indices.shape[0]
+    if n == 0 or dst.numel() == 0:
+        return
+    steps = step_indices.to(torch.int64)
+    dsts = dst_indices.to(torch.int64)
+    rows = torch.arange(n, dtype=torch.int64) if src_rows is None else src_rows.to(torch.int64)
+    valid = (steps >= 0) & (dsts >= 0) & (dsts < dst.shape[1])
+    valid &= (rows < src.shape[1]) & (steps < src.shape[2])
+    if check_src_nonnegative:
+        valid &= rows >= 0
+    if not bool(valid.any()):
+        return
+    dsts, rows, steps = dsts[valid], rows[valid], steps[valid]
+    dst[:, dsts] = src[:, rows, steps].to(dst.dtype)
