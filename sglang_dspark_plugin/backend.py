@@ -1,9 +1,230 @@
-"""The plugin's KDA attention backend: the linear (KDA) layers of Kimi-style hybrids."""
+"""The plugin's KDA attention backend: routing of the linear (KDA) layers per forward mode.
+
+``plugin.py`` makes SGLang build ``DSparkHybridLinearAttnBackend(full, DSparkKDAAttnBackend, ...)``
+for Kimi-style models served with ``--attention-backend dspark``. Per forward mode:
+
+| forward mode (SGLang)        | path                                                            |
+|------------------------------|-----------------------------------------------------------------|
+| TARGET_VERIFY, num_spec >= 1 | ``layout.densify_verify_batch`` -> ``kernels.mtp_verify`` (ring mode under ``--enable-linear-replayssm-spec``, snapshot mode otherwise) -> back to SGLang's token order |
+| DECODE (num_spec == 0)       | ``kernels.decode`` (conv + recurrence, in place) + SGLang's radix track bookkeeping |
+| EXTEND / prefill             | SGLang's own chunked prefill (``KDAAttnBackend.forward_extend``) |
+| commit after verify          | ``commit.commit_verified_states`` (ReplaySSM fold, or SGLang's snapshot scatter) |
+
+Layers the fast path cannot take (head_dim != 128, unequal q/k/v head counts, conv width != 4,
+conv bias, non-fp32 recurrent state, tree verify with topk > 1, FlashInfer fused-accept verify)
+run SGLang's parent implementation, with one warning per process naming the reason.
+"""
 
 from __future__ import annotations
 
+import logging
+from typing import Optional
+
+import torch
+
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
 from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+from sglang.srt.layers.attention.linear.utils import select_verify_intermediate_state_indices
+from sglang.srt.runtime_context import get_spec
+
+from .commit import commit_verified_states
+from .errors import dspark_error
+from .kernels import decode, mtp_verify
+from .layout import HEAD_DIM, as_dense_beta, as_dense_heads, densify_verify_batch, split_mixed_qkv
+
+logger = logging.getLogger("sglang_dspark_plugin")
+
+CONV_WIDTH = 4
+_warned_reasons: set[str] = set()
+
+
+def _warn_fallback_once(reason: str) -> None:
+    if reason not in _warned_reasons:
+        _warned_reasons.add(reason)
+        logger.warning("dspark: KDA layers fall back to SGLang's own KDA path: %s", reason)
+
+
+def _as_int32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int32 else t.to(torch.int32)
 
 
 class DSparkKDAAttnBackend(KDAAttnBackend):
-    """KDA backend for ``--attention-backend dspark`` (installed by ``plugin.py``)."""
+    """KDA backend for ``--attention-backend dspark``: dense MTP verify, decode, ReplaySSM."""
+
+    # Compact (ragged) verify is densified with shapes fixed per captured bucket and no host sync.
+    supports_ragged_verify_graph: bool = True
+    needs_cpu_seq_lens: bool = False
+
+    def __init__(self, model_runner):
+        super().__init__(model_runner)
+        spec = get_spec()
+        # N = 1 + num_spec tokens per verified request; SGLang resolves it from
+        # --speculative-dspark-block-size (gamma) as gamma + 1.
+        self.num_draft_tokens: Optional[int] = (
+            spec.speculative_num_draft_tokens if spec.speculative_algorithm else None
+        )
+        block_size = getattr(spec, "speculative_dspark_block_size", None)
+        if block_size and self.num_draft_tokens and block_size + 1 != self.num_draft_tokens:
+            raise dspark_error(
+                "DSPARK-E207",
+                "--speculative-dspark-block-size",
+                expected=f"gamma + 1 == speculative_num_draft_tokens ({self.num_draft_tokens})",
+                got=f"gamma = {block_size}",
+                fix="set only --speculative-dspark-block-size (SGLang derives the draft token count "
+                "from it), or make --speculative-num-draft-tokens equal gamma + 1",
+            )
+        # Which verify implementation ran last: the commit must match it.
+        self.last_verify_used_plugin = False
+
+    # --- routing ------------------------------------------------------------------------------
+
+    def _fallback_reason(self, layer, *, verify: bool) -> Optional[str]:
+        dims = (layer.head_q_dim, layer.head_k_dim, layer.head_v_dim)
+        if any(d != HEAD_DIM for d in dims):
+            return f"head_dim {dims} != {HEAD_DIM}"
+        if not layer.num_q_heads == layer.num_k_heads == layer.num_v_heads:
+            return (
+                f"unequal q/k/v head counts ({layer.num_q_heads}, {layer.num_k_heads}, "
+                f"{layer.num_v_heads})"
+            )
+        if layer.conv_weights.shape[-1] != CONV_WIDTH:
+            return f"conv width {layer.conv_weights.shape[-1]} != {CONV_WIDTH}"
+        if layer.bias is not None:
+            return "conv bias is set"
+        state_dtype = self.req_to_token_pool.mamba_pool.mamba_cache.temporal.dtype
+        if state_dtype != torch.float32:
+            return f"recurrent state dtype {state_dtype} (the dspark kernels keep fp32 state)"
+        if verify:
+            if self.forward_metadata.retrieve_parent_token is not None:
+                return "tree verify (speculative topk > 1)"
+            if self.accept_lens_pool is not None:
+                return "FlashInfer fused-accept verify backend selected"
+        return None
+
+    def _check_window(self, draft_token_num: int) -> None:
+        if self.num_draft_tokens is not None and draft_token_num != self.num_draft_tokens:
+            raise dspark_error(
+                "DSPARK-E208",
+                "spec_info.draft_token_num",
+                expected=f"{self.num_draft_tokens} (1 + --speculative-dspark-block-size)",
+                got=str(draft_token_num),
+                fix="every verify batch must use the configured block size; restart the server "
+                "with the draft's block size in --speculative-dspark-block-size",
+            )
+
+    # --- DECODE (num_spec == 0) -----------------------------------------------------------------
+
+    def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        reason = self._fallback_reason(layer, verify=False)
+        cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        if reason is None and cache.replayssm_d is not None and self.num_draft_tokens is None:
+            reason = "ReplaySSM decode ring (--enable-linear-replayssm)"
+        if reason is not None or not isinstance(mixed_qkv, torch.Tensor):
+            _warn_fallback_once(reason or "mixed_qkv is not one tensor")
+            return super().forward_decode(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+
+        num_tokens, heads = mixed_qkv.shape[0], layer.num_v_heads
+        slots = self.forward_metadata.mamba_cache_indices
+        q, k, v = split_mixed_qkv(mixed_qkv, heads)
+        out = decode(
+            q, k, v,
+            as_dense_heads(a, "a (gate input)", num_tokens, heads),
+            as_dense_beta(b, num_tokens, heads),
+            conv_weight=layer.conv_weights,
+            A_log=layer.A_log,
+            dt_bias=layer.dt_bias,
+            lower_bound=layer.lower_bound,
+            ssm_state=cache.temporal,
+            conv_state=cache.conv[0],
+            slot_indices=_as_int32(slots[:num_tokens]),
+            scale=layer.head_k_dim**-0.5,
+        )
+        self._track_mamba_state_decode(
+            forward_batch, cache.conv[0], cache.temporal, slots, layer.layer_id
+        )
+        return out
+
+    # --- TARGET_VERIFY ----------------------------------------------------------------------------
+
+    def _forward_target_verify(self, layer, forward_batch, mixed_qkv, a, b):
+        reason = self._fallback_reason(layer, verify=True)
+        if reason is not None or not isinstance(mixed_qkv, torch.Tensor):
+            _warn_fallback_once(reason or "mixed_qkv is not one tensor")
+            self.last_verify_used_plugin = False
+            return super()._forward_target_verify(layer, forward_batch, mixed_qkv, a, b)
+
+        fm = self.forward_metadata
+        spec_info = forward_batch.spec_info
+        window = spec_info.draft_token_num
+        self._check_window(window)
+        batch = densify_verify_batch(
+            mixed_qkv, a, b,
+            num_heads=layer.num_v_heads,
+            window=window,
+            query_start_loc=fm.query_start_loc,
+            ragged=getattr(spec_info, "ragged_verify_layout", None) is not None,
+        )
+        num_requests = batch.num_requests
+        slots = _as_int32(fm.mamba_cache_indices[:num_requests])
+        rows = select_verify_intermediate_state_indices(
+            self.verify_intermediate_state_indices,
+            forward_batch.req_pool_indices,
+            slots >= 0,
+            self.req_to_token_pool.size,
+        )
+        cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        if cache.replayssm_rawv is not None:
+            mode = dict(
+                ring_rawv=cache.replayssm_rawv,
+                ring_rawk=cache.replayssm_rawk,
+                ring_g=cache.replayssm_g,
+                ring_beta=cache.replayssm_beta,
+            )
+        else:
+            mode = dict(intermediate_ssm=cache.intermediate_ssm)
+        out = mtp_verify(
+            batch.q, batch.k, batch.v, batch.a, batch.b,
+            conv_weight=layer.conv_weights,
+            A_log=layer.A_log,
+            dt_bias=layer.dt_bias,
+            lower_bound=layer.lower_bound,
+            ssm_state=cache.temporal,
+            conv_state=cache.conv[0],
+            slot_indices=slots,
+            cu_seqlens=batch.cu_seqlens,
+            num_spec=window - 1,
+            intermediate_conv=cache.intermediate_conv_window[0],
+            intermediate_rows=_as_int32(rows[:num_requests]),
+            scale=layer.head_k_dim**-0.5,
+            **mode,
+        )
+        self.last_verify_used_plugin = True
+        return batch.to_packed(out)
+
+
+class DSparkHybridLinearAttnBackend(HybridLinearAttnBackend):
+    """SGLang's full + linear hybrid, committing verified KDA state through the plugin."""
+
+    def update_mamba_state_after_mtp_verify(
+        self,
+        last_correct_step_indices,
+        mamba_track_indices,
+        mamba_steps_to_track,
+        model,
+        req_pool_indices=None,
+    ):
+        linear = self.linear_attn_backend
+        if not commit_verified_states(
+            linear,
+            last_correct_step_indices,
+            mamba_track_indices,
+            mamba_steps_to_track,
+            req_pool_indices,
+        ):
+            super().update_mamba_state_after_mtp_verify(
+                last_correct_step_indices,
+                mamba_track_indices,
+                mamba_steps_to_track,
+                model,
+                req_pool_indices,
+            )

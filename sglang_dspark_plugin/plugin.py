@@ -19,7 +19,8 @@ What registration does, and the SGLang internals it touches (all of them, on pur
    (``FORWARD_ABSORB_CORE_ATTENTION_BACKENDS``) and the chunked-prefix-cache list.
 4. One AROUND hook on ``attention_registry.attn_backend_wrapper``: for Kimi-style KDA models
    served with ``dspark`` it makes SGLang's hybrid construction build the plugin's KDA backend
-   (``DSparkKDAAttnBackend``) for the linear layers. Other models, and draft workers, are untouched.
+   (``DSparkKDAAttnBackend``) for the linear layers, inside a hybrid subclass that commits verified
+   state through the plugin. Other models, and draft workers, are untouched.
 
 SGLang only logs exceptions raised by plugins, so ``register()`` checks its own work and logs one
 line naming what it registered, or one error naming what is missing.
@@ -83,30 +84,37 @@ def _uses_dspark_kda(runner) -> bool:
 def _attn_backend_wrapper_hook(original_fn, runner, full_attn_backend, *args, **kwargs):
     """AROUND hook on ``attn_backend_wrapper``.
 
-    SGLang's wrapper imports ``KDAAttnBackend`` from ``kda_backend`` at call time and builds
-    ``HybridLinearAttnBackend(full, KDAAttnBackend(runner), full_attn_layers)``. For dspark KDA
-    models the plugin's subclass stands in for that name during the call, so SGLang builds the
-    hybrid exactly as it always does (derived flags, backend lists) with our linear child.
+    SGLang's wrapper imports ``KDAAttnBackend`` and ``HybridLinearAttnBackend`` from their
+    modules at call time and builds ``HybridLinearAttnBackend(full, KDAAttnBackend(runner),
+    full_attn_layers)``. For dspark KDA models the plugin's subclasses stand in for those two
+    names during the call, so SGLang builds the hybrid exactly as it always does (derived flags,
+    backend lists) with our linear child and our commit.
     """
     if not _uses_dspark_kda(runner):
         return original_fn(runner, full_attn_backend, *args, **kwargs)
 
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend
     from sglang.srt.layers.attention.linear import kda_backend
 
-    from .backend import DSparkKDAAttnBackend
+    from .backend import DSparkHybridLinearAttnBackend, DSparkKDAAttnBackend
 
-    stock = kda_backend.KDAAttnBackend
+    stock = (kda_backend.KDAAttnBackend, hybrid_linear_attn_backend.HybridLinearAttnBackend)
     kda_backend.KDAAttnBackend = DSparkKDAAttnBackend
+    hybrid_linear_attn_backend.HybridLinearAttnBackend = DSparkHybridLinearAttnBackend
     try:
         hybrid = original_fn(runner, full_attn_backend, *args, **kwargs)
     finally:
-        kda_backend.KDAAttnBackend = stock
-    linear = getattr(hybrid, "linear_attn_backend", None)
-    if not isinstance(linear, DSparkKDAAttnBackend):
+        kda_backend.KDAAttnBackend, hybrid_linear_attn_backend.HybridLinearAttnBackend = stock
+    if not (
+        isinstance(hybrid, DSparkHybridLinearAttnBackend)
+        and isinstance(hybrid.linear_attn_backend, DSparkKDAAttnBackend)
+    ):
         logger.error(
-            "dspark: expected SGLang to build DSparkKDAAttnBackend for the KDA layers, got %s; "
-            "the KDA layers run on SGLang's own path",
-            type(linear).__name__,
+            "dspark: expected SGLang to build DSparkHybridLinearAttnBackend with "
+            "DSparkKDAAttnBackend for the KDA layers, got %s(%s); the KDA layers run on "
+            "SGLang's own path",
+            type(hybrid).__name__,
+            type(getattr(hybrid, "linear_attn_backend", None)).__name__,
         )
     return hybrid
 

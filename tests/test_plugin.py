@@ -156,16 +156,19 @@ def test_register_twice_is_harmless(registered):
 
 def test_factory_and_hook_build_dspark_kda_backend_for_kimi(registered):
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend
     from sglang.srt.layers.attention.linear import kda_backend
-    from sglang_dspark_plugin.backend import DSparkKDAAttnBackend
+    from sglang_dspark_plugin.backend import DSparkHybridLinearAttnBackend, DSparkKDAAttnBackend
 
     full, hybrid = _build("dspark")
     assert isinstance(hybrid, HybridLinearAttnBackend)
     assert type(hybrid.linear_attn_backend) is DSparkKDAAttnBackend
+    assert type(hybrid) is DSparkHybridLinearAttnBackend
     assert hybrid.full_attn_backend is full
     assert hybrid.full_attn_layers == [1]  # the MLA layer of the tiny config (0-based)
-    # The swap is scoped to the construction call: SGLang's name is restored.
+    # The swap is scoped to the construction call: SGLang's names are restored.
     assert kda_backend.KDAAttnBackend is not DSparkKDAAttnBackend
+    assert hybrid_linear_attn_backend.HybridLinearAttnBackend is HybridLinearAttnBackend
 
 
 def test_hook_leaves_other_backends_and_models_alone(registered):
