@@ -1,0 +1,413 @@
+"""Start and always stop an SGLang server (``python -m sglang.launch_server``) from Python.
+
+Used by the demo (``python -m sglang_dspark_plugin.demo``), the examples and the e2e tests::
+
+    from sglang_dspark_plugin.serving import SGLangServer, tiny_model_args
+
+    with SGLangServer(tiny_model_args(gamma=3)) as server:   # prints progress while it starts
+        print(server.base_url)                                # http://127.0.0.1:<port>
+    # here the server's whole process group is gone
+
+What the launcher does:
+
+* runs the server in its **own process group** (``start_new_session``) with stdout/stderr going
+  to a log file, and prints a progress line every ``progress_every`` seconds (elapsed time and
+  the server's last log line) until ``GET /health`` answers 200 (SGLang answers 503 until its
+  warmup is done), the process exits (the log tail is raised in the error), or the startup
+  timeout passes;
+* **always stops it**: ``SIGTERM`` to the whole group, then ``SIGKILL`` after a short grace
+  period. SGLang's scheduler otherwise lingers (about 65 s of "crash diagnostics" when a
+  subprocess dies), and its scheduler/detokenizer children would be orphaned if only the
+  launcher were killed. Also done at interpreter exit for servers still running.
+* on a machine **without a GPU** it adds what a CPU-only run needs (docs/e2e.md): the
+  environment ``TRITON_INTERPRET=1`` and the flags of ``cpu_flags()``; on CUDA it adds nothing.
+  The CPU-only SGLang patches themselves (``cpu_support.py``) are installed inside the server's
+  processes by the plugin's ``register()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from .tiny_models import DRAFT_DIR, TARGET_DIR, default_out_dir, ensure_tiny_models
+
+# Resource caps for a CPU-only run (each KDA/MLA state slot is tiny, but SGLang sizes its pools
+# from free memory otherwise: about 8 GB of KV plus 7 GB of SSM state on a 24 GB machine).
+CPU_MAX_TOTAL_TOKENS = 2048
+CPU_MAX_MAMBA_CACHE_SIZE = 8
+CPU_MAX_RUNNING_REQUESTS = 4
+CPU_CHUNKED_PREFILL_SIZE = 256
+
+
+def gpu_available() -> bool:
+    """True when PyTorch sees a CUDA device (then no CPU-only flags are added)."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency of sglang
+        return False
+    return torch.cuda.is_available()
+
+
+def cpu_flags(*, speculative: bool) -> List[str]:
+    """Flags a CPU-only SGLang run needs, each for a reason found by running it (docs/e2e.md).
+
+    * ``--device cpu``: no CUDA device.
+    * ``--mamba-radix-cache-strategy no_buffer``: the default ``extra_buffer`` asserts platform
+      support for Mamba state snapshots.
+    * ``--disable-overlap-schedule``: ``no_buffer`` does not support the overlap scheduler.
+    * ``--max-total-tokens/--max-mamba-cache-size/--max-running-requests/--chunked-prefill-size``:
+      small pools (see the constants above).
+    * ``--speculative-draft-attention-backend triton`` (speculative runs): the DSPARK draft would
+      otherwise inherit the target's name ("dspark"), which is no draft backend, and fall back to
+      flashinfer (CUDA-only).
+    """
+    flags = [
+        "--device", "cpu",
+        "--mamba-radix-cache-strategy", "no_buffer",
+        "--disable-overlap-schedule",
+        "--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS),
+        "--max-mamba-cache-size", str(CPU_MAX_MAMBA_CACHE_SIZE),
+        "--max-running-requests", str(CPU_MAX_RUNNING_REQUESTS),
+        "--chunked-prefill-size", str(CPU_CHUNKED_PREFILL_SIZE),
+    ]  # fmt: skip
+    if speculative:
+        flags += ["--speculative-draft-attention-backend", "triton"]
+    return flags
+
+
+def cpu_env() -> Dict[str, str]:
+    """Environment a CPU-only run needs: Triton's interpreter (there is no Triton CPU driver);
+    it must be set before Triton kernels are defined, i.e. in the server's environment."""
+    return {"TRITON_INTERPRET": "1"}
+
+
+def _flag_value(args: Sequence[str], flag: str) -> Optional[str]:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _merge_flags(base: List[str], extra: Sequence[str]) -> List[str]:
+    """``base`` plus the flags of ``extra`` that ``base`` does not already set (caller wins)."""
+    out = list(base)
+    i = 0
+    extra = list(extra)
+    while i < len(extra):
+        flag = extra[i]
+        takes_value = i + 1 < len(extra) and not extra[i + 1].startswith("--")
+        if flag not in out and not any(a.startswith(flag + "=") for a in out):
+            out.append(flag)
+            if takes_value:
+                out.append(extra[i + 1])
+        i += 2 if takes_value else 1
+    return out
+
+
+def tiny_model_args(
+    gamma: Optional[int] = None,
+    *,
+    attention_backend: str = "dspark",
+    replayssm: bool = False,
+    replayssm_cache_len: Optional[int] = None,
+    models_dir: Optional[os.PathLike] = None,
+    extra: Iterable[str] = (),
+) -> List[str]:
+    """``launch_server`` arguments for the bundled tiny Kimi-Linear (writing its weights first
+    if they are missing). ``gamma`` set = DSPARK speculation with block size ``gamma`` and the
+    bundled draft; ``replayssm`` adds ``--enable-linear-replayssm-spec`` with a ring length of
+    the smallest power of two >= 2*(gamma+1) (SGLang's pool check), at least 4."""
+    models_dir = Path(models_dir) if models_dir else default_out_dir()
+    ensure_tiny_models(models_dir, log=lambda msg: print(f"[tiny_models] {msg}", flush=True))
+    args = [
+        "--model-path", str(models_dir / TARGET_DIR),
+        "--attention-backend", attention_backend,
+        "--trust-remote-code",
+    ]  # fmt: skip
+    if gamma is not None:
+        args += [
+            "--speculative-algorithm", "DSPARK",
+            "--speculative-draft-model-path", str(models_dir / DRAFT_DIR),
+            "--speculative-dspark-block-size", str(gamma),
+        ]  # fmt: skip
+        if replayssm:
+            if replayssm_cache_len is None:
+                replayssm_cache_len = max(4, 1 << (2 * (gamma + 1) - 1).bit_length())
+            args += [
+                "--enable-linear-replayssm-spec",
+                "--linear-replayssm-cache-len", str(replayssm_cache_len),
+            ]  # fmt: skip
+    elif replayssm:
+        raise ValueError("replayssm=True needs speculation (gamma)")
+    return args + list(extra)
+
+
+def find_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or did not become healthy in time; the message has its log tail."""
+
+
+_live_servers: "set[SGLangServer]" = set()
+
+
+@atexit.register
+def _stop_leftover_servers() -> None:
+    for server in list(_live_servers):
+        server.stop()
+
+
+class SGLangServer:
+    """One ``python -m sglang.launch_server`` process group. Use as a context manager, or call
+    ``start()``/``stop()`` (``stop()`` is idempotent and safe to call in ``finally``)."""
+
+    def __init__(
+        self,
+        args: Sequence[str],
+        *,
+        host: str = "127.0.0.1",
+        port: Optional[int] = None,
+        env: Optional[Dict[str, str]] = None,
+        cpu: Optional[bool] = None,
+        log_path: Optional[os.PathLike] = None,
+        startup_timeout: float = 900.0,
+        progress_every: float = 10.0,
+        stop_grace: float = 5.0,
+        name: str = "sglang",
+        quiet: bool = False,
+    ):
+        self.host = host
+        self.port = port or find_free_port()
+        self.cpu = (not gpu_available()) if cpu is None else cpu
+        args = list(args)
+        if self.cpu:
+            speculative = _flag_value(args, "--speculative-algorithm") is not None
+            args = _merge_flags(args, cpu_flags(speculative=speculative))
+        self.args = _merge_flags(args, ["--host", host, "--port", str(self.port)])
+        self.env = dict(os.environ)
+        if self.cpu:
+            self.env.update(cpu_env())
+        self.env.update(env or {})
+        self.startup_timeout = startup_timeout
+        self.progress_every = progress_every
+        self.stop_grace = stop_grace
+        self.name = name
+        self.quiet = quiet
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix=f"{name}-", suffix=".log")
+            os.close(fd)
+        self.log_path = Path(log_path)
+        self.proc: Optional[subprocess.Popen] = None
+        self.pgid: Optional[int] = None  # == the launcher's pid (start_new_session)
+        self.startup_seconds: Optional[float] = None
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def command(self) -> List[str]:
+        return [sys.executable, "-m", "sglang.launch_server", *self.args]
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.proc.pid if self.proc else None
+
+    def _say(self, msg: str) -> None:
+        if not self.quiet:
+            print(f"[{self.name}] {msg}", flush=True)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def __enter__(self) -> "SGLangServer":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "SGLangServer":
+        """Launch and wait until ``/health`` answers 200 (raises ``ServerStartError``)."""
+        if self.proc is not None:
+            raise RuntimeError("server already started")
+        env_note = " TRITON_INTERPRET=1 (CPU, no GPU)" if self.cpu else ""
+        self._say(f"starting:{env_note} {' '.join(self.command)}")
+        self._say(f"log: {self.log_path}")
+        log = open(self.log_path, "ab", buffering=0)
+        try:
+            self.proc = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,  # own process group: stop() signals all of it
+            )
+        finally:
+            log.close()
+        self.pgid = self.proc.pid
+        _live_servers.add(self)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        t0 = time.monotonic()
+        next_progress = t0 + self.progress_every
+        while True:
+            now = time.monotonic()
+            if self.proc.poll() is not None:
+                raise ServerStartError(
+                    f"{self.name} exited with code {self.proc.returncode} during startup "
+                    f"after {now - t0:.0f} s; last log lines:\n{self.log_tail(40)}"
+                )
+            if self.healthy():
+                self.startup_seconds = now - t0
+                self._say(f"ready after {self.startup_seconds:.0f} s at {self.base_url}")
+                return
+            if now - t0 > self.startup_timeout:
+                raise ServerStartError(
+                    f"{self.name} not healthy after {self.startup_timeout:.0f} s; "
+                    f"last log lines:\n{self.log_tail(40)}"
+                )
+            if now >= next_progress:
+                self._say(f"starting... {now - t0:.0f} s | {self.last_log_line()}")
+                next_progress += self.progress_every
+            time.sleep(1.0)
+
+    def healthy(self, timeout: float = 5.0) -> bool:
+        try:
+            with urllib.request.urlopen(self.base_url + "/health", timeout=timeout) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL it after ``stop_grace`` s; idempotent."""
+        proc = self.proc
+        if proc is None:
+            return
+        _live_servers.discard(self)
+        pgid = self.pgid
+        t0 = time.monotonic()
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self.stop_grace)
+        except subprocess.TimeoutExpired:
+            pass
+        # Children (scheduler, detokenizer) may outlive the launcher: give them the rest of the
+        # grace period, then kill whatever is left of the group.
+        deadline = t0 + self.stop_grace
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _group_alive(pgid):
+            _signal_group(pgid, signal.SIGKILL)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+        for _ in range(50):
+            if not _group_alive(pgid):
+                break
+            time.sleep(0.1)
+        self._say(f"stopped (process group {pgid}) in {time.monotonic() - t0:.1f} s")
+        self.proc = None
+
+    # -- logs ---------------------------------------------------------------------------------
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, n: int = 20) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def last_log_line(self) -> str:
+        for line in reversed(self.log_text().splitlines()):
+            if line.strip():
+                return line.strip()[-200:]
+        return "(no output yet)"
+
+    # -- small HTTP helpers (stdlib only) -----------------------------------------------------
+
+    def post_json(self, path: str, payload: dict, timeout: float = 600.0) -> dict:
+        """POST JSON, return the decoded JSON body; HTTP errors raise ``urllib.error.HTTPError``."""
+        req = urllib.request.Request(
+            self.base_url + path,
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+    def get_json(self, path: str, timeout: float = 60.0) -> dict:
+        with urllib.request.urlopen(self.base_url + path, timeout=timeout) as resp:
+            return json.loads(resp.read())
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any live (non-zombie) process of group ``pgid`` exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover
+        return True
+    proc = Path("/proc")
+    return bool(group_members(pgid)) if proc.is_dir() else True
+
+
+def group_members(pgid: int) -> List[int]:
+    """Live (non-zombie) pids of process group ``pgid`` (Linux /proc); for leak checks."""
+    out = []
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return out
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces or parens, split after the last ")"
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(entry.name))
+    return out
