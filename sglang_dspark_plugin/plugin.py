@@ -159,12 +159,9 @@ def register() -> None:
 
 
 def _register() -> str:
-    try:  # TEMP until cpu_support lands
-        from . import cpu_support
-    except ImportError:
-        cpu_support = None
-    if cpu_support is not None:
-        cpu_support.apply()  # no-op when a GPU is present
+    from . import cpu_support
+
+    cpu_support.apply()  # no-op when a GPU is present
 
     import sglang
 

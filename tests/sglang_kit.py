@@ -185,6 +185,8 @@ class KDARunner(ModelRunner):
             enable_mamba_extra_buffer=False,
             speculative_num_draft_tokens=num_draft_tokens or None,
             enable_overlap_schedule=False,
+            enable_linear_replayssm_spec=replayssm,
+            linear_replayssm_cache_len=ring_len,
         )
         self.token_to_kv_pool = MHATokenToKVPool(
             size=pool_size * max_context_len + 2,
@@ -210,3 +212,79 @@ class KDARunner(ModelRunner):
 
     def close(self) -> None:
         self._server_args_override.restore()
+
+
+# --- forward batches ------------------------------------------------------------------------------
+
+
+def bind_requests(runner: KDARunner, num_requests: int, prefix_len: int = 4):
+    """Map request-pool rows 0..n-1 to mamba slots 1..n and give them KV locations."""
+    device = runner.device
+    req_pool_indices = torch.arange(num_requests, dtype=torch.int32, device=device)
+    pool = runner.req_to_token_pool
+    pool.req_index_to_mamba_index_mapping[req_pool_indices] = torch.arange(
+        1, num_requests + 1, dtype=torch.int32, device=device
+    )
+    for r in range(num_requests):
+        pool.req_to_token[r, : prefix_len + 16] = torch.arange(
+            1 + r * 32, 1 + r * 32 + prefix_len + 16, dtype=pool.req_to_token.dtype
+        )
+    return req_pool_indices
+
+
+def make_forward_batch(runner, mode, req_pool_indices, token_counts, prefix_len=4, spec_info=None):
+    """A real ``ForwardBatch`` for ``mode`` with ``token_counts[i]`` tokens of request i."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    device = runner.device
+    bs = len(token_counts)
+    total = int(sum(token_counts))
+    seq_lens = [prefix_len + (1 if mode.is_decode() else 0)] * bs
+    positions = torch.cat(
+        [torch.arange(prefix_len, prefix_len + n, dtype=torch.int64) for n in token_counts]
+    ).to(device)
+    batch = ForwardBatch(
+        forward_mode=mode,
+        batch_size=bs,
+        input_ids=torch.arange(total, dtype=torch.int64, device=device),
+        req_pool_indices=req_pool_indices,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
+        out_cache_loc=torch.arange(1, total + 1, dtype=torch.int64, device=device),
+        seq_lens_sum=sum(seq_lens),
+        positions=positions,
+    )
+    runner.kv_index_translator.bind_own_plan(batch)
+    batch.spec_info = spec_info
+    return batch
+
+
+def dflash_verify_input(batch, draft_token_num: int, verify_lens=None, graph_num_tokens=None):
+    """DSPARK's verify input (``DFlashVerifyInput``); ``verify_lens`` makes it compact/ragged."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.dflash_info import DFlashVerifyInput
+    from sglang.srt.speculative.ragged_verify import RaggedVerifyLayout
+
+    layout = None
+    if verify_lens is not None:
+        lens = torch.tensor(verify_lens, dtype=torch.int32, device=batch.input_ids.device)
+        indptr = torch.zeros(len(verify_lens) + 1, dtype=torch.int32, device=lens.device)
+        indptr[1:] = torch.cumsum(lens, 0)
+        layout = RaggedVerifyLayout(
+            verify_lens=lens,
+            graph_num_tokens=graph_num_tokens or int(sum(verify_lens)),
+            extend_start_loc=indptr[:-1].clone(),
+            qo_indptr_device=indptr,
+            verify_lens_cpu=list(verify_lens),
+            total_verify_tokens=int(sum(verify_lens)),
+            cap=draft_token_num,
+        )
+    return DFlashVerifyInput(
+        draft_token=batch.input_ids,
+        positions=batch.positions,
+        draft_token_num=draft_token_num,
+        topk=1,
+        custom_mask=None,
+        capture_hidden_mode=CaptureHiddenMode.FULL,
+        ragged_verify_layout=layout,
+    )
