@@ -31,6 +31,8 @@ from __future__ import annotations
 import logging
 import os
 
+from .errors import dspark_error
+
 logger = logging.getLogger("sglang_dspark_plugin")
 
 BACKEND_NAME = "dspark"
@@ -167,9 +169,13 @@ def _register() -> str:
 
     version = getattr(sglang, "__version__", "unknown")
     if version not in SUPPORTED_SGLANG_VERSIONS:
-        raise RuntimeError(
-            f"unsupported SGLang version {version}; this plugin supports "
-            f"{', '.join(SUPPORTED_SGLANG_VERSIONS)} (pip install sglang=={SUPPORTED_SGLANG_VERSIONS[-1]})"
+        raise dspark_error(
+            "DSPARK-E001",
+            "SGLang version",
+            expected=" or ".join(SUPPORTED_SGLANG_VERSIONS),
+            got=version,
+            fix=f"pip install sglang=={SUPPORTED_SGLANG_VERSIONS[-1]} (the plugin hooks version-specific "
+            "SGLang internals)",
         )
 
     from sglang.srt.arg_groups import choices
@@ -185,6 +191,14 @@ def _register() -> str:
         register_attention_backend(BACKEND_NAME)(_create_dspark_full_attention_backend)
 
     delegate = full_attention_delegate()
+    if delegate not in ATTENTION_BACKENDS:
+        raise dspark_error(
+            "DSPARK-E003",
+            f"full-attention delegate {delegate!r}",
+            expected="a backend name SGLang registered (e.g. fa3, flashinfer, triton)",
+            got=f"{delegate!r}",
+            fix=f"unset {FULL_ATTN_OVERRIDE_ENV} or set it to one of SGLang's attention backends",
+        )
     _register_name_aliases(delegate)
 
     registered = [h for _, h, _ in HookRegistry._hooks.get(HOOK_TARGET, [])]
@@ -202,5 +216,12 @@ def _register() -> str:
     if HOOK_TARGET not in HookRegistry._patched:
         missing.append(f"hook on {HOOK_TARGET}")
     if missing:
-        raise RuntimeError("registration incomplete: " + ", ".join(missing))
+        raise dspark_error(
+            "DSPARK-E002",
+            "registration",
+            expected="the choice, the factory and the hook all in place",
+            got="missing " + ", ".join(missing),
+            fix="another plugin or an SGLang change interferes; check the log lines above "
+            "(HookRegistry logs why a hook could not be applied)",
+        )
     return delegate
