@@ -185,3 +185,23 @@ def test_hook_leaves_other_backends_and_models_alone(registered):
     # A model without linear attention: the full-attention backend comes back unwrapped.
     full, wrapped = _build("dspark", hf_config=LlamaConfig(num_hidden_layers=2))
     assert wrapped is full
+
+
+def test_unsupported_sglang_version_fails_loudly():
+    # SGLang only logs plugin exceptions: register() must say clearly what is wrong.
+    proc = run_python(
+        """
+        import logging
+        logging.basicConfig(level=logging.INFO)
+        import sglang
+        sglang.__version__ = "0.5.22"
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+        print("FACTORY", "dspark" in ATTENTION_BACKENDS)
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "FACTORY False" in proc.stdout
+    assert "dspark plugin NOT registered" in proc.stderr
+    assert "DSPARK-E001" in proc.stderr and "0.5.22" in proc.stderr
