@@ -15,10 +15,11 @@ What the launcher does:
   the server's last log line) until ``GET /health`` answers 200 (SGLang answers 503 until its
   warmup is done), the process exits (the log tail is raised in the error), or the startup
   timeout passes;
-* **always stops it**: ``SIGTERM`` to the whole group, then ``SIGKILL`` after a short grace
-  period. SGLang's scheduler otherwise lingers (about 65 s of "crash diagnostics" when a
-  subprocess dies), and its scheduler/detokenizer children would be orphaned if only the
-  launcher were killed. Also done at interpreter exit for servers still running.
+* **always stops it**: ``SIGTERM`` to the launcher (SGLang then shuts its scheduler and
+  detokenizer down and exits in ~3 s), then ``SIGKILL`` to the whole group for whatever is left
+  after a grace period. Signalling every process at once instead makes SGLang believe its
+  scheduler crashed and spend ~65 s in "crash diagnostics"; killing only the launcher would
+  orphan the scheduler and detokenizer. Also done at interpreter exit for servers still running.
 * on a machine **without a GPU** it adds what a CPU-only run needs (docs/e2e.md): the
   environment ``TRITON_INTERPRET=1`` and the flags of ``cpu_flags()``; on CUDA it adds nothing.
   The CPU-only SGLang patches themselves (``cpu_support.py``) are installed inside the server's
@@ -46,7 +47,7 @@ from .tiny_models import DRAFT_DIR, TARGET_DIR, default_out_dir, ensure_tiny_mod
 # Resource caps for a CPU-only run (each KDA/MLA state slot is tiny, but SGLang sizes its pools
 # from free memory otherwise: about 8 GB of KV plus 7 GB of SSM state on a 24 GB machine).
 CPU_MAX_TOTAL_TOKENS = 2048
-CPU_MAX_MAMBA_CACHE_SIZE = 8
+CPU_MAX_MAMBA_CACHE_SIZE = 16  # DSPARK takes 3 state slots per request: 16 keeps 4 running
 CPU_MAX_RUNNING_REQUESTS = 4
 CPU_CHUNKED_PREFILL_SIZE = 256
 
@@ -69,6 +70,8 @@ def cpu_flags(*, speculative: bool) -> List[str]:
     * ``--disable-overlap-schedule``: ``no_buffer`` does not support the overlap scheduler.
     * ``--max-total-tokens/--max-mamba-cache-size/--max-running-requests/--chunked-prefill-size``:
       small pools (see the constants above).
+    * ``--skip-server-warmup``: under the interpreter SGLang's warmup request costs ~10 s and
+      checks nothing the first real request does not.
     * ``--speculative-draft-attention-backend triton`` (speculative runs): the DSPARK draft would
       otherwise inherit the target's name ("dspark"), which is no draft backend, and fall back to
       flashinfer (CUDA-only).
@@ -81,6 +84,7 @@ def cpu_flags(*, speculative: bool) -> List[str]:
         "--max-mamba-cache-size", str(CPU_MAX_MAMBA_CACHE_SIZE),
         "--max-running-requests", str(CPU_MAX_RUNNING_REQUESTS),
         "--chunked-prefill-size", str(CPU_CHUNKED_PREFILL_SIZE),
+        "--skip-server-warmup",
     ]  # fmt: skip
     if speculative:
         flags += ["--speculative-draft-attention-backend", "triton"]
@@ -190,7 +194,7 @@ class SGLangServer:
         log_path: Optional[os.PathLike] = None,
         startup_timeout: float = 900.0,
         progress_every: float = 10.0,
-        stop_grace: float = 5.0,
+        stop_grace: float = 15.0,
         name: str = "sglang",
         quiet: bool = False,
     ):
@@ -309,34 +313,39 @@ class SGLangServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL it after ``stop_grace`` s; idempotent."""
+        """Stop the whole process group; idempotent, never raises for a dead server.
+
+        SIGTERM goes to the launcher first: SGLang then drains, stops its scheduler and
+        detokenizer and exits within a few seconds. (A SIGTERM to every process at once makes
+        the launcher see its scheduler "crash" and sleep into ~65 s of crash diagnostics.)
+        Whatever is left of the group after ``stop_grace`` seconds gets SIGKILL."""
         proc = self.proc
         if proc is None:
             return
         _live_servers.discard(self)
         pgid = self.pgid
         t0 = time.monotonic()
-        _signal_group(pgid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=self.stop_grace)
-        except subprocess.TimeoutExpired:
-            pass
-        # Children (scheduler, detokenizer) may outlive the launcher: give them the rest of the
-        # grace period, then kill whatever is left of the group.
-        deadline = t0 + self.stop_grace
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = t0 + (self.stop_grace if proc.poll() is None else 1.0)
         while _group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _group_alive(pgid):
+        killed = _group_alive(pgid)
+        if killed:
             _signal_group(pgid, signal.SIGKILL)
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # pragma: no cover
             pass
-        for _ in range(50):
+        for _ in range(100):
             if not _group_alive(pgid):
                 break
             time.sleep(0.1)
-        self._say(f"stopped (process group {pgid}) in {time.monotonic() - t0:.1f} s")
+        how = "SIGKILL after grace period" if killed else "SIGTERM"
+        self._say(f"stopped (process group {pgid}, {how}) in {time.monotonic() - t0:.1f} s")
         self.proc = None
 
     # -- logs ---------------------------------------------------------------------------------
@@ -351,10 +360,12 @@ class SGLangServer:
         return "\n".join(self.log_text().splitlines()[-n:])
 
     def last_log_line(self) -> str:
-        for line in reversed(self.log_text().splitlines()):
-            if line.strip():
-                return line.strip()[-200:]
-        return "(no output yet)"
+        """The server's last timestamped log line (skipping our own /health polls)."""
+        lines = [ln.strip() for ln in self.log_text().splitlines() if ln.strip()]
+        for line in reversed(lines):
+            if line.startswith("[") and "GET /health" not in line:
+                return line[:200]
+        return lines[-1][:200] if lines else "(no output yet)"
 
     # -- small HTTP helpers (stdlib only) -----------------------------------------------------
 
