@@ -281,3 +281,20 @@ def test_bad_layout_raises_documented_error():
             )
     finally:
         setup.close()
+
+
+def test_capability_flags_report_the_truth():
+    """SGLang captures compact (ragged) verify graphs only when the hybrid says both children
+    support them. Ours densifies with fixed shapes and no host sync (True); on this machine the
+    MLA delegate is ``triton``, which does not, so the hybrid must say False (with ``fa3``, the
+    Hopper delegate, it says True)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    setup = Setup(window=2, replayssm=True, seed=1)
+    try:
+        assert setup.linear.supports_ragged_verify_graph is True
+        assert setup.linear.needs_cpu_seq_lens is False
+        assert isinstance(setup.hybrid.full_attn_backend, TritonAttnBackend)
+        assert setup.hybrid.supports_ragged_verify_graph is False
+    finally:
+        setup.close()
