@@ -108,7 +108,7 @@ def _load_conv_weights(w_ptr, ch, s_w):
 # Kernel
 # ----------------------------------------------------------------------------------------------
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "T"])  # batch-size dependent: one compile per num_spec/dtype/mode
 def _mtp_verify_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, out_ptr,
     w_ptr, A_log_ptr, dt_bias_ptr,

@@ -36,18 +36,19 @@ def default_scale() -> float:
 
 
 # ----------------------------------------------------------------------------------------------
-# Building blocks (all operate on tensors already in the compute dtype)
+# Building blocks (tensors already in the compute dtype; any leading batch dims)
 # ----------------------------------------------------------------------------------------------
 
 def conv_silu_step(window: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, act_dtype: torch.dtype):
     """One width-4 causal conv step + SiLU.
 
-    window ``[3, C]`` (row 0 oldest), x ``[C]``, weight ``[C, 4]``, all in the compute dtype.
+    window ``[..., 3, C]`` (row 0 oldest), x ``[..., C]``, weight ``[C, 4]``.
     Returns ``(y, new_window)``; ``y`` is rounded to ``act_dtype`` and returned in the compute dtype.
     """
-    z = weight[:, 0] * window[0] + weight[:, 1] * window[1] + weight[:, 2] * window[2] + weight[:, 3] * x
+    z = (weight[:, 0] * window[..., 0, :] + weight[:, 1] * window[..., 1, :]
+         + weight[:, 2] * window[..., 2, :] + weight[:, 3] * x)
     y = F.silu(z).to(act_dtype).to(window.dtype)
-    new_window = torch.cat([window[1:], x[None]], dim=0)
+    new_window = torch.cat([window[..., 1:, :], x[..., None, :]], dim=-2)
     return y, new_window
 
 
@@ -57,7 +58,7 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def kda_gate(a: torch.Tensor, dt_bias: torch.Tensor, A_log: torch.Tensor, lower_bound: Optional[float]):
-    """Per-K log-decay. a ``[H, 128]``, dt_bias ``[H, 128]``, A_log ``[H]`` -> g ``[H, 128]``."""
+    """Per-K log-decay. a ``[..., H, 128]``, dt_bias ``[H, 128]``, A_log ``[H]`` -> g ``[..., H, 128]``."""
     A = torch.exp(A_log)[:, None]
     x = a + dt_bias
     if lower_bound is not None:
@@ -66,26 +67,31 @@ def kda_gate(a: torch.Tensor, dt_bias: torch.Tensor, A_log: torch.Tensor, lower_
 
 
 def delta_step(S: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, v: torch.Tensor):
-    """One gated delta-rule step. S ``[H, V, K]``, k/g ``[H, K]``, beta ``[H]``, v ``[H, V]``."""
-    S = S * torch.exp(g)[:, None, :]
-    u = beta[:, None] * (v - torch.einsum("hvk,hk->hv", S, k))
-    return S + u[:, :, None] * k[:, None, :]
+    """One gated delta-rule step. S ``[..., V, K]``, k/g ``[..., K]``, beta ``[...]``, v ``[..., V]``."""
+    S = S * torch.exp(g)[..., None, :]
+    u = beta[..., None] * (v - torch.einsum("...vk,...k->...v", S, k))
+    return S + u[..., :, None] * k[..., None, :]
 
 
 def readout(S: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    return torch.einsum("hvk,hk->hv", S, q)
+    """``o = S q``: S ``[..., V, K]``, q ``[..., K]`` -> ``[..., V]``."""
+    return torch.einsum("...vk,...k->...v", S, q)
 
 
 class _Token:
-    """Per-token projections of one request's token (all heads), in the compute dtype."""
+    """Projections of one token per request (leading dims ``[...]``, all heads), compute dtype.
+
+    window ``[..., 3, D]``, x_cat ``[..., D]`` (q | k | v channels), a_t ``[..., H, 128]``, b_t ``[..., H]``.
+    """
 
     def __init__(self, window, x_cat, a_t, b_t, *, weight, A_log, dt_bias, lower_bound, scale, act_dtype, H):
         y, self.window = conv_silu_step(window, x_cat, weight, act_dtype)
-        yq, yk, yv = y.split(H * HEAD_DIM)
-        self.rawk = yk.view(H, HEAD_DIM)
-        self.rawv = yv.view(H, HEAD_DIM)
-        self.q = l2norm(yq.view(H, HEAD_DIM)) * scale
-        self.k = l2norm(self.rawk)
+        lead = y.shape[:-1]
+        yq, yk, yv = (t.reshape(*lead, H, HEAD_DIM) for t in y.split(H * HEAD_DIM, dim=-1))
+        self.rawk = yk
+        self.rawv = yv
+        self.q = l2norm(yq) * scale
+        self.k = l2norm(yk)
         self.g = kda_gate(a_t, dt_bias, A_log, lower_bound)
         self.beta = torch.sigmoid(b_t)
 
@@ -95,12 +101,15 @@ def _prep(conv_weight, A_log, dt_bias, H, cd):
 
 
 def _token_inputs(q, k, v, a, b, tok, cd):
-    x = torch.cat([q[0, tok].reshape(-1), k[0, tok].reshape(-1), v[0, tok].reshape(-1)]).to(cd)
+    """Inputs of tokens ``tok`` (an index tensor ``[n]`` or an int) as ``x [.., D]``, ``a [.., H, 128]``, ``b [.., H]``."""
+    lead = q[0, tok].shape[:-2]
+    x = torch.cat([t[0, tok].reshape(*lead, -1) for t in (q, k, v)], dim=-1).to(cd)
     return x, a[0, tok].to(cd), b[0, tok].to(cd)
 
 
 # ----------------------------------------------------------------------------------------------
-# References of the three kernels
+# References of the three kernels (vectorised over requests; steps run in lock-step and a
+# request simply stops being written once its step count is exhausted)
 # ----------------------------------------------------------------------------------------------
 
 @torch.no_grad()
@@ -111,8 +120,8 @@ def mtp_verify_ref(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, s
     """Reference of :func:`sglang_dspark_plugin.kernels.mtp_verify` (same arguments and writes).
 
     ``ssm_state`` / ``conv_state`` are read only; writes go to ``out``, ``intermediate_conv``,
-    ``intermediate_ssm`` (snapshot mode) or the rings (ring mode). Output rows of slot -1 requests
-    and rows not covered by ``cu_seqlens`` are zero.
+    ``intermediate_ssm`` (snapshot mode) and/or the rings (both may be given here). Output rows of
+    slot -1 requests and rows not covered by ``cu_seqlens`` are zero.
     """
     cd = compute_dtype
     T, H = q.shape[1], q.shape[2]
@@ -123,32 +132,36 @@ def mtp_verify_ref(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, s
     if out is None:
         out = torch.empty(1, T, H, HEAD_DIM, dtype=q.dtype, device=q.device)
     out.zero_()
-    slots = slot_indices.tolist()
-    cu = cu_seqlens.tolist()
-    rows = intermediate_rows.tolist()
-    for n, slot in enumerate(slots):
-        if slot < 0:
-            continue
-        bos, eos = cu[n], cu[n + 1]
-        n_tok = min(eos - bos, steps)
-        S = ssm_state[slot].to(cd)
-        window = conv_state[slot].to(cd)
-        row = rows[n]
-        for t in range(n_tok):
-            x, a_t, b_t = _token_inputs(q, k, v, a, b, bos + t, cd)
-            tk = _Token(window, x, a_t, b_t, weight=w, A_log=A_log_c, dt_bias=dt_c, lower_bound=lower_bound,
-                        scale=scale, act_dtype=act_dtype, H=H)
-            window = tk.window
-            S = delta_step(S, tk.k, tk.g, tk.beta, tk.rawv)
-            out[0, bos + t] = readout(S, tk.q).to(out.dtype)
-            intermediate_conv[row, t] = window.to(intermediate_conv.dtype)
-            if intermediate_ssm is not None:
-                intermediate_ssm[row, t] = S.to(intermediate_ssm.dtype)
-            if ring_rawv is not None:
-                ring_rawv[slot, :, t] = tk.rawv.to(ring_rawv.dtype)
-                ring_rawk[slot, :, t] = tk.rawk.to(ring_rawk.dtype)
-                ring_g[slot, :, t] = tk.g.to(ring_g.dtype)
-                ring_beta[slot, :, t] = tk.beta.to(ring_beta.dtype)
+    dev = q.device
+    slots = slot_indices.long().to(dev)
+    cu = cu_seqlens.long().to(dev)
+    rows = intermediate_rows.long().to(dev)
+    live = (slots >= 0).nonzero().flatten()  # requests that are not padding
+    if live.numel() == 0:
+        return out
+    slots, rows, bos = slots[live], rows[live], cu[live]
+    lens = (cu[live + 1] - bos).clamp(max=steps)
+    S = ssm_state[slots].to(cd)  # [n, H, V, K]
+    window = conv_state[slots].to(cd)  # [n, 3, D]
+    for t in range(steps):
+        act = (t < lens).nonzero().flatten()  # requests with a token at step t
+        if act.numel() == 0:
+            break
+        tok = (bos + t).clamp(max=max(T - 1, 0))
+        x, a_t, b_t = _token_inputs(q, k, v, a, b, tok, cd)
+        tk = _Token(window, x, a_t, b_t, weight=w, A_log=A_log_c, dt_bias=dt_c, lower_bound=lower_bound,
+                    scale=scale, act_dtype=act_dtype, H=H)
+        window = tk.window
+        S = delta_step(S, tk.k, tk.g, tk.beta, tk.rawv)
+        out[0, tok[act]] = readout(S, tk.q)[act].to(out.dtype)
+        intermediate_conv[rows[act], t] = window[act].to(intermediate_conv.dtype)
+        if intermediate_ssm is not None:
+            intermediate_ssm[rows[act], t] = S[act].to(intermediate_ssm.dtype)
+        if ring_rawv is not None:
+            ring_rawv[slots[act], :, t] = tk.rawv[act].to(ring_rawv.dtype)
+            ring_rawk[slots[act], :, t] = tk.rawk[act].to(ring_rawk.dtype)
+            ring_g[slots[act], :, t] = tk.g[act].to(ring_g.dtype)
+            ring_beta[slots[act], :, t] = tk.beta[act].to(ring_beta.dtype)
     return out
 
 
@@ -165,16 +178,18 @@ def decode_ref(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, ssm_s
     if out is None:
         out = torch.empty(1, T, H, HEAD_DIM, dtype=q.dtype, device=q.device)
     out.zero_()
-    for n, slot in enumerate(slot_indices.tolist()):
-        if slot < 0:
-            continue
-        x, a_t, b_t = _token_inputs(q, k, v, a, b, n, cd)
-        tk = _Token(conv_state[slot].to(cd), x, a_t, b_t, weight=w, A_log=A_log_c, dt_bias=dt_c,
-                    lower_bound=lower_bound, scale=scale, act_dtype=act_dtype, H=H)
-        S = delta_step(ssm_state[slot].to(cd), tk.k, tk.g, tk.beta, tk.rawv)
-        out[0, n] = readout(S, tk.q).to(out.dtype)
-        ssm_state[slot] = S.to(ssm_state.dtype)
-        conv_state[slot] = tk.window.to(conv_state.dtype)
+    slots = slot_indices.long().to(q.device)
+    live = (slots >= 0).nonzero().flatten()
+    if live.numel() == 0:
+        return out
+    slots = slots[live]
+    x, a_t, b_t = _token_inputs(q, k, v, a, b, live, cd)
+    tk = _Token(conv_state[slots].to(cd), x, a_t, b_t, weight=w, A_log=A_log_c, dt_bias=dt_c,
+                lower_bound=lower_bound, scale=scale, act_dtype=act_dtype, H=H)
+    S = delta_step(ssm_state[slots].to(cd), tk.k, tk.g, tk.beta, tk.rawv)
+    out[0, live] = readout(S, tk.q).to(out.dtype)
+    ssm_state[slots] = S.to(ssm_state.dtype)
+    conv_state[slots] = tk.window.to(conv_state.dtype)
     return out
 
 
@@ -195,28 +210,33 @@ def replayssm_fold_ref(ssm_state, ring_rawv, ring_rawk, ring_g, ring_beta, slot_
             t.unsqueeze(0) for t in (ssm_state, ring_rawv, ring_rawk, ring_g, ring_beta))
         if conv_state is not None:
             conv_state, intermediate_conv = conv_state.unsqueeze(0), intermediate_conv.unsqueeze(0)
-    layers = ssm_state.shape[0]
     L = ring_rawv.shape[-2]
-    slots = slot_indices.tolist()
-    accs = accept_lens.tolist()
-    rows = intermediate_rows.tolist() if intermediate_rows is not None else None
-    tslots = track_slot_indices.tolist() if track_slot_indices is not None else None
-    tsteps = track_steps.tolist() if track_steps is not None else None
-    for layer in range(layers):
-        for n, (slot, acc) in enumerate(zip(slots, accs)):
-            if slot < 0 or acc <= 0:
-                continue
-            acc = min(acc, L)
-            S = ssm_state[layer, slot].to(cd)
-            for t in range(acc):
-                k = l2norm(ring_rawk[layer, slot, :, t].to(cd))
-                S = delta_step(S, k, ring_g[layer, slot, :, t].to(cd), ring_beta[layer, slot, :, t].to(cd),
-                               ring_rawv[layer, slot, :, t].to(cd))
-                if tsteps is not None and tsteps[n] == t and tslots[n] >= 0:
-                    ssm_state[layer, tslots[n]] = S.to(ssm_state.dtype)
-            ssm_state[layer, slot] = S.to(ssm_state.dtype)
-            if conv_state is not None:
-                conv_state[layer, slot] = intermediate_conv[layer, rows[n], acc - 1].to(conv_state.dtype)
+    dev = ssm_state.device
+    slots = slot_indices.long().to(dev)
+    acc = accept_lens.long().to(dev).clamp(max=L)
+    live = ((slots >= 0) & (acc > 0)).nonzero().flatten()
+    if live.numel() == 0:
+        return ssm_state
+    slots, acc = slots[live], acc[live]
+    track = track_steps is not None
+    if track:
+        tslots = track_slot_indices.long().to(dev)[live]
+        tsteps = track_steps.long().to(dev)[live]
+    for layer in range(ssm_state.shape[0]):
+        S = ssm_state[layer, slots].to(cd)  # [n, H, V, K]
+        for t in range(int(acc.max())):
+            act = (t < acc).nonzero().flatten()
+            sl = slots[act]
+            k = l2norm(ring_rawk[layer, sl, :, t].to(cd))
+            S[act] = delta_step(S[act], k, ring_g[layer, sl, :, t].to(cd), ring_beta[layer, sl, :, t].to(cd),
+                                ring_rawv[layer, sl, :, t].to(cd))
+            if track:
+                snap = ((tsteps == t) & (tslots >= 0) & (t < acc)).nonzero().flatten()
+                ssm_state[layer, tslots[snap]] = S[snap].to(ssm_state.dtype)
+        ssm_state[layer, slots] = S.to(ssm_state.dtype)
+        if conv_state is not None:
+            rows = intermediate_rows.long().to(dev)[live]
+            conv_state[layer, slots] = intermediate_conv[layer, rows, acc - 1].to(conv_state.dtype)
     return ssm_state
 
 

@@ -129,43 +129,43 @@ class Problem:
 
 def make_problem(*, N: int, H: int, num_spec: int, dtype: torch.dtype, lower_bound: Optional[float],
                  seed: int, dev: Optional[str] = None, slot_list=None, lengths=None, row_list=None,
-                 slots: Optional[int] = None, rows: Optional[int] = None, packed: bool = True,
+                 slots: Optional[int] = None, rows: Optional[int] = None,
                  strided: bool = True) -> Problem:
     """Random verify problem.
 
-    ``slot_list`` (default: distinct shuffled slots), ``lengths`` (tokens per request, default full
-    windows), ``row_list`` (default: reversed rows). ``packed``: cu_seqlens is the prefix sum of
-    ``lengths`` (uncovered tail rows at the end); otherwise a dense ``arange`` with the given lengths
-    taken from the start of each block is not expressible, so packed is the only ragged layout.
-    ``strided``: q/k/v are views of one ``mixed_qkv [T, D + 64]`` buffer like SGLang's fused GEMM.
+    ``slot_list`` (default: distinct shuffled slots; -1 = padding), ``lengths`` (tokens per request,
+    default full windows; cu_seqlens is their prefix sum, so rows past ``cu_seqlens[N]`` belong to
+    no request), ``row_list`` (default: reversed rows). ``strided``: q/k/v are views of one
+    ``mixed_qkv [T, D + 64]`` buffer like SGLang's fused GEMM output.
     """
     dev = dev or device()
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    g = torch.Generator(device=dev).manual_seed(seed)  # generate on the target device (fast at GPU sizes)
     steps = 1 + num_spec
     T = N * steps
     D = 3 * H * HEAD
     slots = slots or (N + 3)
     rows = rows or (N + 1)
+    f32 = dict(dtype=torch.float32, device=dev)
 
     def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g, dtype=F64) * scale)
+        return torch.randn(*shape, generator=g, **f32) * scale
 
     if strided:
-        mixed = randn(T, D + 64).to(dtype).to(dev)
+        mixed = randn(T, D + 64).to(dtype)
         q = mixed[:, : H * HEAD].view(1, T, H, HEAD)
         k = mixed[:, H * HEAD: 2 * H * HEAD].view(1, T, H, HEAD)
         v = mixed[:, 2 * H * HEAD: D].view(1, T, H, HEAD)
     else:
-        q, k, v = (randn(1, T, H, HEAD).to(dtype).to(dev) for _ in range(3))
-    a = randn(1, T, H, HEAD).to(dtype).to(dev)
-    b = randn(1, T, H).to(dtype).to(dev)
-    conv_weight = ((torch.rand(D, 4, generator=g, dtype=F64) - 0.5)).to(torch.float32).to(dev)
-    A_log = torch.log(torch.rand(H, generator=g, dtype=F64) * 15 + 1).to(torch.float32).to(dev)
-    dt_bias = randn(H * HEAD, scale=0.1).to(torch.float32).to(dev)
-    ssm_state = randn(slots, H, HEAD, HEAD, scale=0.5).to(torch.float32).to(dev)
-    conv_state = randn(slots, 3, D).to(dtype).to(dev)
+        q, k, v = (randn(1, T, H, HEAD).to(dtype) for _ in range(3))
+    a = randn(1, T, H, HEAD).to(dtype)
+    b = randn(1, T, H).to(dtype)
+    conv_weight = torch.rand(D, 4, generator=g, **f32) - 0.5
+    A_log = torch.log(torch.rand(H, generator=g, **f32) * 15 + 1)
+    dt_bias = randn(H * HEAD, scale=0.1)
+    ssm_state = randn(slots, H, HEAD, HEAD, scale=0.5)
+    conv_state = randn(slots, 3, D).to(dtype)
     if slot_list is None:
-        slot_list = torch.randperm(slots, generator=g)[:N].tolist()
+        slot_list = torch.randperm(slots, generator=g, device=dev)[:N].tolist()
     if lengths is None:
         lengths = [steps] * N
     if row_list is None:
