@@ -22,7 +22,7 @@ DEFAULT_BLOCK_V = 32
 DEFAULT_NUM_WARPS = 4
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "s_b_t", "s_b_h"])
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, out_ptr,
     w_ptr, A_log_ptr, dt_bias_ptr,

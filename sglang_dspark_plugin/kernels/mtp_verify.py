@@ -108,7 +108,9 @@ def _load_conv_weights(w_ptr, ch, s_w):
 # Kernel
 # ----------------------------------------------------------------------------------------------
 
-@triton.jit(do_not_specialize=["N", "T"])  # batch-size dependent: one compile per num_spec/dtype/mode
+# Scalars that vary per batch (N, T) or only feed scalar loads are not specialised, so one compile
+# serves every batch size / head count for a given (num_spec, dtype, gate, mode).
+@triton.jit(do_not_specialize=["N", "T", "H", "s_b_t", "s_b_h", "s_rb_slot", "s_rb_h", "s_rb_t"])
 def _mtp_verify_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, out_ptr,
     w_ptr, A_log_ptr, dt_bias_ptr,

@@ -23,7 +23,7 @@ DEFAULT_BLOCK_V = 32
 DEFAULT_NUM_WARPS = 4
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "L", "ICW_STEPS", "s_rb_layer", "s_rb_slot", "s_rb_h", "s_rb_t"])
 def _replayssm_fold_kernel(
     ssm_ptr, rv_ptr, rk_ptr, rg_ptr, rb_ptr, slot_ptr, acc_ptr,
     conv_ptr, icw_ptr, irow_ptr, tslot_ptr, tstep_ptr,

@@ -7,7 +7,7 @@ exercised with a "meta" tensor, which passes every shape/dtype check.
 import pytest
 import torch
 
-from kda_testutil import make_problem
+from kda_testutil import device, make_problem
 
 from sglang_dspark_plugin.errors import DSparkError
 from sglang_dspark_plugin.kernels import decode, mtp_verify, replayssm_fold
@@ -137,14 +137,17 @@ def test_decode_rejects(case):
 def _fold_args():
     layers, slots, H, L, N = 2, 3, 1, 4, 2
     D = 3 * H * 128
-    ssm = torch.zeros(layers, slots, H, 128, 128)
-    rings = dict(ring_rawv=torch.zeros(layers, slots, H, L, 128, dtype=torch.bfloat16),
-                 ring_rawk=torch.zeros(layers, slots, H, L, 128, dtype=torch.bfloat16),
-                 ring_g=torch.zeros(layers, slots, H, L, 128), ring_beta=torch.zeros(layers, slots, H, L))
-    i32 = dict(dtype=torch.int32)
+    dev = device()
+    f32 = dict(device=dev)
+    bf16 = dict(dtype=torch.bfloat16, device=dev)
+    ssm = torch.zeros(layers, slots, H, 128, 128, **f32)
+    rings = dict(ring_rawv=torch.zeros(layers, slots, H, L, 128, **bf16),
+                 ring_rawk=torch.zeros(layers, slots, H, L, 128, **bf16),
+                 ring_g=torch.zeros(layers, slots, H, L, 128, **f32), ring_beta=torch.zeros(layers, slots, H, L, **f32))
+    i32 = dict(dtype=torch.int32, device=dev)
     kw = dict(rings, slot_indices=torch.tensor([0, 1], **i32), accept_lens=torch.tensor([1, 2], **i32),
-              conv_state=torch.zeros(layers, slots, 3, D, dtype=torch.bfloat16),
-              intermediate_conv=torch.zeros(layers, N, L, 3, D, dtype=torch.bfloat16),
+              conv_state=torch.zeros(layers, slots, 3, D, **bf16),
+              intermediate_conv=torch.zeros(layers, N, L, 3, D, **bf16),
               intermediate_rows=torch.tensor([0, 1], **i32))
     return ssm, kw
 
