@@ -4,12 +4,13 @@ Runs the same checks as tests/kernels at serving sizes and prints a table of max
 (``||x - ref|| / ||ref||`` against the float64 torch reference of sglang_dspark_plugin.kernels.reference):
 
 * mtp_verify, snapshot and ring mode, at N in {1, 8, 64, 256} x H in {12, 32} x num_spec in
-  {0, 3, 7, 15} (dtype / lower_bound rotate over that grid) plus the full num_spec x dtype x
-  lower_bound product at N=8, H=12; batches hold CUDA-graph padding rows (slot -1) and short
+  {0, 3, 7, 15}; dtype (fp32, bf16) x lower_bound (None, -5) rotate over that grid so every
+  num_spec meets all four combos; batches hold CUDA-graph padding rows (slot -1) and short
   requests (packed cu_seqlens); checks outputs, snapshots, conv windows, rings, untouched bytes;
 * replayssm_fold for every accept length 0..1+num_spec (vs the verify's own snapshots: relative
   error and whether it is bit-exact) with conv roll and track snapshots, and vs the float64 fold;
-* decode vs reference at every (N, H), and verify == sequential decode;
+* decode vs reference at every (N, H) (two dtype/lower_bound combos each), and verify == sequential
+  decode;
 * int64 offsets: a 4200-slot H=32 pool (slot offsets > 2^31 elements) for verify and a 3-layer
   pool of that size (layer offsets > 2^31 elements) for the fold.
 
@@ -329,6 +330,20 @@ def big_offsets(quick: bool):
     del lstate, lrings
 
 
+def markdown_table() -> str:
+    cols = ["kind", "N", "H", "ns", "dtype", "lb", "out", "snap", "rings", "state", "fold", "fold bit-exact",
+            "fold vs f64", "track", "ring==snap", "pad", "s"]
+    cols = [c for c in cols if any(c in r for r in ROWS)]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in ROWS:
+        cells = []
+        for c in cols:
+            v = r.get(c, "")
+            cells.append(f"{v:.1e}" if isinstance(v, float) and c not in ("lb", "s") else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def fmt(row):
     parts = []
     for k, v in row.items():
@@ -343,6 +358,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU interpreter smoke run)")
     ap.add_argument("--json", default=None, help="write the rows as JSON here")
+    ap.add_argument("--budget", type=float, default=1e9, help="skip the remaining jobs after this many seconds")
     args = ap.parse_args()
     if torch.cuda.is_available():
         print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
@@ -353,36 +369,38 @@ def main():
     else:
         Ns, Hs, NSs = (1, 8, 64, 256), (12, 32), (0, 3, 7, 15)
 
+    # Jobs in priority order; once --budget seconds have passed the rest are skipped (and listed).
+    jobs = []
     seed = 0
-    # 1) grid sweep: dtype / lower_bound rotate so each (N, H) sees all four combos over num_spec
+    # 1) grid sweep: dtype / lower_bound rotate so that every num_spec sees all four
+    #    (dtype, lower_bound) combos over the (N, H) grid, i.e. every compiled variant runs
     for i, N in enumerate(Ns):
         for j, H in enumerate(Hs):
             for m, ns in enumerate(NSs):
                 dt, lb = COMBOS[(i + j + m) % 4]
                 seed += 1
-                verify_and_fold(N, H, ns, dt, lb, seed)
-    # 2) full num_spec x dtype x lower_bound product at one shape (every compiled variant)
-    N0, H0 = (8, 12) if not args.quick else (2, 1)
-    for ns in NSs:
-        for dt, lb in COMBOS:
-            seed += 1
-            verify_and_fold(N0, H0, ns, dt, lb, seed, fold=True)
-    # 3) decode at every (N, H), all dtype/lb combos at one shape
+                jobs.append((f"verify N={N} H={H} ns={ns}", verify_and_fold, (N, H, ns, dt, lb, seed)))
+    # 2) decode at every (N, H); all dtype/lb combos over the grid
     for i, N in enumerate(Ns):
         for j, H in enumerate(Hs):
-            dt, lb = COMBOS[(i + j) % 4]
-            seed += 1
-            decode_check(N, H, dt, lb, seed)
-    for dt, lb in COMBOS:
-        seed += 1
-        decode_check(N0, H0, dt, lb, seed)
-    # 4) verify == sequential decode
+            for dt, lb in (COMBOS[(i + j) % 4], COMBOS[(i + j + 2) % 4]):
+                seed += 1
+                jobs.append((f"decode N={N} H={H}", decode_check, (N, H, dt, lb, seed)))
+    # 3) verify == sequential decode
     for dt, lb in ((FP32, None), (BF16, -5.0)):
         seed += 1
-        verify_vs_decode(64 if not args.quick else 2, 32 if not args.quick else 1, 7 if not args.quick else 3,
-                         dt, lb, seed)
-    # 5) int64 offsets
-    big_offsets(args.quick)
+        shape = (64, 32, 7) if not args.quick else (2, 1, 3)
+        jobs.append((f"verify==decode {dname(dt)}", verify_vs_decode, (*shape, dt, lb, seed)))
+    # 4) int64 offsets
+    jobs.append(("int64 offsets", big_offsets, (args.quick,)))
+    skipped = []
+    for name, fn, fargs in jobs:
+        if time.time() - T0 > args.budget:
+            skipped.append(name)
+            continue
+        fn(*fargs)
+    if skipped:
+        print(f"\nSKIPPED (budget {args.budget}s): " + "; ".join(skipped))
 
     print("\n== summary: max over rows ==")
     for kind in dict.fromkeys(r["kind"] for r in ROWS):
@@ -394,6 +412,8 @@ def main():
                 print(f"{kind:16s} {dt}: " + "  ".join(f"{k}={max(r.get(k, 0.0) for r in sub):.2e}" for k in keys))
         flags = [k for k in rows[0] if isinstance(rows[0][k], bool)]
         print(f"{kind:16s} flags all true: " + "  ".join(f"{k}={all(r.get(k, True) for r in rows)}" for k in flags))
+    print("\n== markdown ==")
+    print(markdown_table())
     print(f"\n{len(ROWS)} rows, {len(FAILURES)} failures, {time.time() - T0:.1f}s")
     out_json = args.json or (os.path.join(os.environ["OUT"], "kernels_gpu.json") if os.environ.get("OUT") else None)
     if out_json:
