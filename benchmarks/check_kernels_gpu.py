@@ -110,6 +110,7 @@ def verify_and_fold(N, H, num_spec, dtype, lb, seed, fold=True):
     row["out"] = rel_err(out_s, out_r)
     check(not out_s.isnan().any().item() and row["out"] <= TOL[dtype], f"{tag}: out err {row['out']:.2e}")
     row["ring==snap"] = bool(torch.equal(out_s, out_g))
+    row["ring!=snap elems"] = int((out_s != out_g).sum().item())
     check(row["ring==snap"], f"{tag}: ring-mode output differs from snapshot mode")
     check(same_bytes(p.ssm_state, ssm0) and same_bytes(p.conv_state, conv0), f"{tag}: state/conv written")
     cu = p.cu_seqlens.tolist()
@@ -330,6 +331,41 @@ def big_offsets(quick: bool):
     del lstate, lrings
 
 
+def timing(quick: bool):
+    """Rough CUDA-event timings (median of 20 after warm-up) for the later tuning issue."""
+    if quick or not torch.cuda.is_available():
+        return
+    print("\n== timing (not tuned; BV=32, 4 warps) ==", flush=True)
+    for N, H, ns in ((8, 32, 7), (64, 32, 7), (256, 12, 3)):
+        p = make_problem(N=N, H=H, num_spec=ns, dtype=BF16, lower_bound=-5.0, seed=1, strided=True)
+        icw = p.new_icw()
+        rings = p.new_rings(L=2 * p.steps)
+        acc = torch.full((N,), p.steps, dtype=torch.int32, device="cuda")
+
+        def run_verify():
+            mtp_verify(*p.acts(), intermediate_conv=icw, **rings, **p.verify_kwargs())
+
+        def run_fold():
+            replayssm_fold(p.ssm_state, **rings, slot_indices=p.slot_indices, accept_lens=acc)
+
+        res = {}
+        for name, fn in (("verify(ring)", run_verify), ("fold", run_fold)):
+            for _ in range(3):
+                fn()
+            ts = []
+            for _ in range(20):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                torch.cuda.synchronize()
+                ts.append(a.elapsed_time(b) * 1000)
+            res[name] = sorted(ts)[len(ts) // 2]
+        floor = N * H * 65536 / 4.25e12 * 1e6
+        print(f"N={N} H={H} ns={ns} bf16: " + "  ".join(f"{k} {v:.1f} us" for k, v in res.items())
+              + f"  (state-read floor {floor:.1f} us)", flush=True)
+
+
 def markdown_table() -> str:
     cols = ["kind", "N", "H", "ns", "dtype", "lb", "out", "snap", "rings", "state", "fold", "fold bit-exact",
             "fold vs f64", "track", "ring==snap", "pad", "s"]
@@ -401,6 +437,8 @@ def main():
         fn(*fargs)
     if skipped:
         print(f"\nSKIPPED (budget {args.budget}s): " + "; ".join(skipped))
+    if time.time() - T0 < args.budget:
+        timing(args.quick)
 
     print("\n== summary: max over rows ==")
     for kind in dict.fromkeys(r["kind"] for r in ROWS):

@@ -74,28 +74,40 @@ def _kda_gate(a, dtb, A, lower_bound, USE_LB: tl.constexpr):
 
 @triton.jit
 def _conv_silu(c0, c1, c2, x, w0, w1, w2, w3):
-    """Width-4 causal conv (c0 oldest, x current) + SiLU, fp32 (the caller rounds to act dtype)."""
-    z = w0 * c0 + w1 * c1 + w2 * c2 + w3 * x
+    """Width-4 causal conv (c0 oldest, x current) + SiLU, fp32 (the caller rounds to act dtype).
+
+    The sum is an explicit FMA chain so that every kernel (and every compiled variant of a
+    kernel) gets bit-identical conv outputs; left to the compiler, multiply-add contraction can
+    differ between variants and flip the bf16 rounding of a few elements.
+    """
+    z = tl.fma(w3, x, tl.fma(w2, c2, tl.fma(w1, c1, w0 * c0)))
     return z / (1.0 + tl.exp(-z))
 
 
 @triton.jit
 def _l2norm(x):
-    """x * rsqrt(sum(x^2) + 1e-6) over a 1-D block."""
-    return x * tl.rsqrt(tl.sum(x * x, axis=0) + 1e-6)
+    """x * rsqrt(sum(x^2) + 1e-6) over a 1-D block.
+
+    The sum of squares is accumulated in fp64, which makes it independent of the reduction order
+    (i.e. of the register layout the compiler picks for ``x`` in a given kernel), so verify
+    (both modes), decode and the ReplaySSM fold normalise k identically.
+    """
+    xd = x.to(tl.float64)
+    ss = tl.sum(xd * xd, axis=0) + 1e-6
+    return x * tl.rsqrt(ss.to(tl.float32))
 
 
 @triton.jit
 def _delta_step(S, k, g, beta, v):
     """One gated delta-rule step on a [BV, 128] state tile (rows = V slice, cols = K).
 
-    S <- S * exp(g)[None, :]; u = beta * (v - S k); S <- S + u k^T.
+    S <- S * exp(g)[None, :]; u = beta * (v - S k); S <- S + u k^T (explicit FMA).
     (A later tl.dot/UT-transform version replaces this per-step body.)
     """
     S = S * tl.exp(g)[None, :]
     kv = tl.sum(S * k[None, :], axis=1)
     u = beta * (v - kv)
-    return S + u[:, None] * k[None, :]
+    return tl.fma(u[:, None], k[None, :], S)
 
 
 @triton.jit
