@@ -11,7 +11,8 @@ for Kimi-style models served with ``--attention-backend dspark``. Per forward mo
 | commit after verify          | ``commit.commit_verified_states`` (ReplaySSM fold, or SGLang's snapshot scatter) |
 
 Layers the fast path cannot take (head_dim != 128, unequal q/k/v head counts, conv width != 4,
-conv bias, non-fp32 recurrent state, tree verify with topk > 1, FlashInfer fused-accept verify)
+conv bias, non-fp32 recurrent state, fp16 activations, tree verify with topk > 1, FlashInfer
+fused-accept verify)
 run SGLang's parent implementation, with one warning per process naming the reason.
 """
 
@@ -35,6 +36,7 @@ from .layout import HEAD_DIM, as_dense_beta, as_dense_heads, densify_verify_batc
 logger = logging.getLogger("sglang_dspark_plugin")
 
 CONV_WIDTH = 4
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)
 _warned_reasons: set[str] = set()
 
 
@@ -78,7 +80,11 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
 
     # --- routing ------------------------------------------------------------------------------
 
-    def _fallback_reason(self, layer, *, verify: bool) -> Optional[str]:
+    def _fallback_reason(self, layer, mixed_qkv, *, verify: bool) -> Optional[str]:
+        if not isinstance(mixed_qkv, torch.Tensor):
+            return "mixed_qkv is not one tensor"
+        if mixed_qkv.dtype not in ACTIVATION_DTYPES:
+            return f"activation dtype {mixed_qkv.dtype} (the dspark kernels take bf16 or fp32)"
         dims = (layer.head_q_dim, layer.head_k_dim, layer.head_v_dim)
         if any(d != HEAD_DIM for d in dims):
             return f"head_dim {dims} != {HEAD_DIM}"
@@ -115,12 +121,12 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
     # --- DECODE (num_spec == 0) -----------------------------------------------------------------
 
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
-        reason = self._fallback_reason(layer, verify=False)
+        reason = self._fallback_reason(layer, mixed_qkv, verify=False)
         cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
         if reason is None and cache.replayssm_d is not None and self.num_draft_tokens is None:
             reason = "ReplaySSM decode ring (--enable-linear-replayssm)"
-        if reason is not None or not isinstance(mixed_qkv, torch.Tensor):
-            _warn_fallback_once(reason or "mixed_qkv is not one tensor")
+        if reason is not None:
+            _warn_fallback_once(reason)
             return super().forward_decode(layer, forward_batch, mixed_qkv, a, b, **kwargs)
 
         num_tokens, heads = mixed_qkv.shape[0], layer.num_v_heads
@@ -147,9 +153,9 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
     # --- TARGET_VERIFY ----------------------------------------------------------------------------
 
     def _forward_target_verify(self, layer, forward_batch, mixed_qkv, a, b):
-        reason = self._fallback_reason(layer, verify=True)
-        if reason is not None or not isinstance(mixed_qkv, torch.Tensor):
-            _warn_fallback_once(reason or "mixed_qkv is not one tensor")
+        reason = self._fallback_reason(layer, mixed_qkv, verify=True)
+        if reason is not None:
+            _warn_fallback_once(reason)
             self.last_verify_used_plugin = False
             return super()._forward_target_verify(layer, forward_batch, mixed_qkv, a, b)
 

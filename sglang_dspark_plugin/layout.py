@@ -62,7 +62,10 @@ def split_mixed_qkv(mixed_qkv: torch.Tensor, num_heads: int):
 
 
 def as_dense_heads(x: torch.Tensor, name: str, num_tokens: int, num_heads: int) -> torch.Tensor:
-    """Accept ``[T, H·128]``, ``[T, H, 128]`` or ``[1, T, H, 128]``; return ``[1, T, H, 128]``."""
+    """Accept ``[T, H·128]``, ``[T, H, 128]`` or ``[1, T, H, 128]``; return ``[1, T, H, 128]``.
+
+    ``name`` is how messages call the tensor, e.g. ``"a (gate input)"``; its first word is the
+    variable name used in the fix."""
     target = (1, num_tokens, num_heads, HEAD_DIM)
     if tuple(x.shape) == target:
         return x
@@ -85,7 +88,7 @@ def as_dense_heads(x: torch.Tensor, name: str, num_tokens: int, num_heads: int) 
         name,
         expected=f"(1, T, H, 128) = {target}, or [T, H*128] / [T, H, 128] with T={num_tokens}, H={num_heads}",
         got=f"shape {_shape(x)}",
-        fix=f"reshape with {name}.view(1, {num_tokens}, {num_heads}, {HEAD_DIM}); check that T and H "
+        fix=f"reshape with {name.split()[0]}.view(1, {num_tokens}, {num_heads}, {HEAD_DIM}); check that T and H "
         "match mixed_qkv and the layer's head count",
     )
 

@@ -142,6 +142,23 @@ def _register_name_aliases(delegate: str) -> None:
         choices.add_chunked_prefix_cache_attention_backend(BACKEND_NAME)
 
 
+def _hook_installed() -> bool:
+    """True when the live ``attn_backend_wrapper`` runs our hook somewhere in its wrapper chain.
+
+    HookRegistry skips a target it already patched, so a hook registered after another plugin
+    applied its hooks to the same target would silently never run; look at the chain itself.
+    """
+    from sglang.srt.layers.attention import attention_registry
+
+    fn = attention_registry.attn_backend_wrapper
+    while fn is not None:
+        cells = getattr(fn, "__closure__", None) or ()
+        if any(getattr(c, "cell_contents", None) is _attn_backend_wrapper_hook for c in cells):
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
+
+
 def register() -> None:
     """Entry point of ``[project.entry-points."sglang.srt.plugins"] dspark``. Idempotent."""
     try:
@@ -185,11 +202,7 @@ def _register() -> str:
     )
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    if BACKEND_NAME not in choices.ATTENTION_BACKEND_CHOICES:
-        choices.add_attention_backend_choices([BACKEND_NAME])
-    if ATTENTION_BACKENDS.get(BACKEND_NAME) is not _create_dspark_full_attention_backend:
-        register_attention_backend(BACKEND_NAME)(_create_dspark_full_attention_backend)
-
+    # Check the delegate first: a failed registration must not leave a half-registered name.
     delegate = full_attention_delegate()
     if delegate not in ATTENTION_BACKENDS:
         raise dspark_error(
@@ -199,6 +212,10 @@ def _register() -> str:
             got=f"{delegate!r}",
             fix=f"unset {FULL_ATTN_OVERRIDE_ENV} or set it to one of SGLang's attention backends",
         )
+    if BACKEND_NAME not in choices.ATTENTION_BACKEND_CHOICES:
+        choices.add_attention_backend_choices([BACKEND_NAME])
+    if ATTENTION_BACKENDS.get(BACKEND_NAME) is not _create_dspark_full_attention_backend:
+        register_attention_backend(BACKEND_NAME)(_create_dspark_full_attention_backend)
     _register_name_aliases(delegate)
 
     registered = [h for _, h, _ in HookRegistry._hooks.get(HOOK_TARGET, [])]
@@ -213,7 +230,7 @@ def _register() -> str:
         missing.append("attention-backend choice")
     if BACKEND_NAME not in ATTENTION_BACKENDS:
         missing.append("ATTENTION_BACKENDS factory")
-    if HOOK_TARGET not in HookRegistry._patched:
+    if not _hook_installed():
         missing.append(f"hook on {HOOK_TARGET}")
     if missing:
         raise dspark_error(

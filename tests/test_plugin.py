@@ -205,3 +205,21 @@ def test_unsupported_sglang_version_fails_loudly():
     assert "FACTORY False" in proc.stdout
     assert "dspark plugin NOT registered" in proc.stderr
     assert "DSPARK-E001" in proc.stderr and "0.5.22" in proc.stderr
+
+
+def test_unknown_delegate_leaves_nothing_half_registered():
+    proc = run_python(
+        """
+        import logging
+        logging.basicConfig(level=logging.INFO)
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+        print("STATE", "dspark" in ATTENTION_BACKEND_CHOICES, "dspark" in ATTENTION_BACKENDS)
+        """,
+        env={"SGLANG_DSPARK_FULL_ATTN_BACKEND": "fa_3"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "STATE False False" in proc.stdout
+    assert "DSPARK-E003" in proc.stderr and "'fa_3'" in proc.stderr
