@@ -26,6 +26,7 @@ import torch
 from sglang.srt.layers.attention.linear.utils import pp_spec_stable_rows_enabled
 
 from .kernels import replayssm_fold
+from .kernels.conv_window import copy_conv_windows
 
 
 def commit_verified_states(
@@ -71,4 +72,9 @@ def commit_verified_states(
         track_slot_indices=track_slots,
         track_steps=track_steps,
     )
+    if track_slots is not None:
+        # The fold wrote the track slot's state; its conv window comes from the same step.
+        copy_conv_windows(
+            caches.conv[0], caches.intermediate_conv_window[0], track_slots, rows.to(torch.int32), track_steps
+        )
     return True

@@ -298,3 +298,30 @@ def test_capability_flags_report_the_truth():
         assert setup.hybrid.supports_ragged_verify_graph is False
     finally:
         setup.close()
+
+
+@pytest.mark.parametrize("replayssm", [False, True], ids=["snapshot", "replayssm"])
+def test_radix_track_snapshot_is_written(replayssm):
+    """SGLang's extra_buffer radix cache asks the commit to also store the state (and conv
+    window) after a given step into a track slot; step -1 means no snapshot for that request."""
+    window = 3
+    setup = Setup(window=window, replayssm=replayssm, seed=9)
+    try:
+        mixed_qkv, a, b = setup.tokens(NUM_REQ * window)
+        s0, c0 = setup.state()
+        setup.verify(mixed_qkv, a, b)
+        track_slot = POOL  # the spare slot
+        last = torch.tensor([2, 1, 0])
+        setup.hybrid.update_mamba_state_after_mtp_verify(
+            last,
+            torch.tensor([track_slot, 0, 0], dtype=torch.int64),
+            torch.tensor([1, -1, -1], dtype=torch.int64),
+            model=None,
+        )
+        rows = list(range(0, 2))  # request 0's first two tokens: the state after step 1
+        _, ref_state, ref_window = setup.reference(s0, c0, mixed_qkv[rows], a[rows], b[:, rows], setup.slots[0])
+        assert rel_err(setup.cache.temporal[0, track_slot], ref_state) <= 1e-5
+        assert rel_err(setup.cache.conv[0][0, track_slot], ref_window) <= 1e-6
+        assert torch.equal(setup.cache.temporal[0, 0], s0[0])  # step -1: no snapshot
+    finally:
+        setup.close()

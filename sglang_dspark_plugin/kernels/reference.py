@@ -264,3 +264,12 @@ def sequential_ref(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, s
         S = delta_step(S, tk.k, tk.g, tk.beta, tk.rawv)
         outs.append(readout(S, tk.q))
     return torch.stack(outs), S, win
+
+
+@torch.no_grad()
+def copy_conv_windows_ref(conv_state, intermediate_conv, slot_indices, intermediate_rows, steps):
+    """Reference of :func:`sglang_dspark_plugin.kernels.conv_window.copy_conv_windows` (in place)."""
+    for slot, row, step in zip(slot_indices.tolist(), intermediate_rows.tolist(), steps.tolist()):
+        if slot >= 0 and step >= 0:
+            conv_state[:, slot] = intermediate_conv[:, row, step]
+    return conv_state
