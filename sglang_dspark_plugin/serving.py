@@ -160,6 +160,33 @@ def tiny_model_args(
     return args + list(extra)
 
 
+def engine_kwargs(args: Sequence[str]) -> Dict[str, object]:
+    """Turn ``launch_server`` flags into ``sglang.Engine(**kwargs)`` keyword arguments
+    (``--max-total-tokens 2048`` -> ``max_total_tokens=2048``, a bare ``--flag`` -> True)."""
+    out: Dict[str, object] = {}
+    args = list(args)
+    i = 0
+    while i < len(args):
+        flag = args[i]
+        if not flag.startswith("--"):
+            raise ValueError(f"expected a --flag, got {flag!r}")
+        key = flag[2:].replace("-", "_")
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value: object = args[i + 1]
+            for cast in (int, float):
+                try:
+                    value = cast(value)
+                    break
+                except ValueError:
+                    pass
+            out[key] = value
+            i += 2
+        else:
+            out[key] = True
+            i += 1
+    return out
+
+
 def find_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -1,0 +1,188 @@
+"""End to end: ``python -m sglang.launch_server --attention-backend dspark --speculative-algorithm
+DSPARK`` on the bundled tiny Kimi-Linear (1 KDA + 1 MLA layer) and its tiny DSPARK draft.
+
+For each speculative configuration below (one shared server per configuration):
+
+* greedy output with speculation == greedy output of the non-speculative server, token for token
+  (``/generate`` output ids) and text for text through ``/v1/completions``,
+  ``/v1/chat/completions`` and both streaming variants;
+* speculation really ran: ``/generate`` meta_info reports verify steps, their accepted-draft
+  histogram is consistent, and at least one verify step accepted a draft token (more than the
+  bonus token);
+* (some configurations) >= 4 concurrent requests, all lossless;
+* (one configuration) requests the server must reject get a clean HTTP 4xx and the server keeps
+  serving correctly.
+
+The draft is built so that acceptance happens honestly (its Markov head encodes the target's own
+one-token next-token function, see ``tiny_models.py`` and docs/e2e.md).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import pytest
+
+from sglang_dspark_plugin.serving import ServerStartError, tiny_model_args
+
+from e2e_kit import (
+    MAX_TOKENS,
+    PER_CONFIG_PROMPTS,
+    PROMPTS,
+    STREAM_PROMPTS,
+    chat,
+    chat_stream,
+    completion,
+    completion_stream,
+    generate,
+    raw_post,
+    start_server,
+    stop_server,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    name: str
+    gamma: int  # --speculative-dspark-block-size
+    replayssm: bool  # --enable-linear-replayssm-spec (ring length: smallest power of 2 >= 2(gamma+1))
+    ragged_mode: str = "static"  # SGLANG_RAGGED_VERIFY_MODE
+    concurrency: bool = False
+    bad_input: bool = False
+
+    def args(self):
+        return tiny_model_args(self.gamma, attention_backend="dspark", replayssm=self.replayssm)
+
+    def env(self):
+        return {"SGLANG_RAGGED_VERIFY_MODE": self.ragged_mode}
+
+
+CONFIGS = [
+    SpecConfig("g3-static", gamma=3, replayssm=False, concurrency=True, bad_input=True),
+    SpecConfig("g1-static", gamma=1, replayssm=False),
+    SpecConfig("g3-static-replayssm", gamma=3, replayssm=True, concurrency=True),
+    SpecConfig("g1-static-replayssm", gamma=1, replayssm=True),
+    # compact = per-request ragged verify windows chosen by the confidence scheduler (needs the
+    # draft's confidence head, which the tiny draft has).
+    SpecConfig("g3-compact-replayssm", gamma=3, replayssm=True, ragged_mode="compact", concurrency=True),
+    SpecConfig("g3-compact", gamma=3, replayssm=False, ragged_mode="compact"),
+]
+
+
+class SpecServer:
+    def __init__(self, config: SpecConfig, server):
+        self.config = config
+        self.server = server
+        self._generate: Optional[Dict[str, dict]] = None
+
+    def generate_results(self) -> Dict[str, dict]:
+        """/generate for every per-config prompt, computed once per server."""
+        if self._generate is None:
+            self._generate = {p: generate(self.server, p) for p in PER_CONFIG_PROMPTS}
+        return self._generate
+
+
+@pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: c.name)
+def spec(request, baseline):
+    """One speculative server per configuration, shared by the module's tests, always stopped.
+    (``baseline`` first, so the non-speculative server has finished and stopped before.)"""
+    config: SpecConfig = request.param
+    try:
+        server = start_server(config.name, config.args(), env=config.env())
+    except ServerStartError as exc:
+        if config.ragged_mode != "static" and "ragged" in str(exc).lower():
+            pytest.skip(f"SGLang refuses SGLANG_RAGGED_VERIFY_MODE={config.ragged_mode} here: {exc}")
+        raise
+    try:
+        yield SpecServer(config, server)
+    finally:
+        stop_server(server)
+
+
+def test_generate_lossless_token_for_token(spec, baseline):
+    for prompt, out in spec.generate_results().items():
+        expected = baseline.generate[prompt]
+        assert out["output_ids"] == expected["output_ids"], prompt
+        assert out["text"] == expected["text"], prompt
+        assert out["meta_info"]["completion_tokens"] == MAX_TOKENS
+
+
+def test_speculation_exercised(spec):
+    gamma = spec.config.gamma
+    accepted_any = 0
+    for prompt, out in spec.generate_results().items():
+        meta = out["meta_info"]
+        verify_ct = meta.get("spec_verify_ct", 0)
+        assert verify_ct >= 1, f"no verify step reported for {prompt!r}: {meta}"
+        hist = meta.get("spec_correct_drafts_histogram") or []
+        assert len(hist) <= gamma + 1, meta
+        assert sum(hist) == verify_ct, meta  # one histogram entry per verify step
+        assert meta["spec_num_correct_drafts"] == sum(i * n for i, n in enumerate(hist)), meta
+        assert meta["spec_num_proposed_drafts"] == verify_ct * gamma, meta
+        # every verify step commits accepted drafts + 1 bonus token; the prefill gives one more
+        assert verify_ct + meta["spec_num_correct_drafts"] <= MAX_TOKENS, meta
+        assert meta["spec_accept_length"] == pytest.approx(MAX_TOKENS / verify_ct), meta
+        if spec.config.ragged_mode != "static":
+            assert "spec_cap_length" in meta, meta
+        accepted_any += sum(hist[1:])
+    assert accepted_any >= 1, "no verify step accepted more than the bonus token"
+
+
+def test_completions_lossless(spec, baseline):
+    for prompt in PER_CONFIG_PROMPTS:
+        out = completion(spec.server, prompt)
+        assert out == baseline.completion[prompt], prompt
+
+
+def test_chat_completions_lossless(spec, baseline):
+    for prompt in PER_CONFIG_PROMPTS:
+        out = chat(spec.server, prompt)
+        assert out == baseline.chat[prompt], prompt
+
+
+def test_streaming_lossless(spec, baseline):
+    for prompt in STREAM_PROMPTS:
+        out = completion_stream(spec.server, prompt)
+        assert out["text"] == baseline.completion[prompt]["text"], prompt
+        assert out["finish_reason"] == "length"
+        assert out["chunks"] >= 2  # really streamed
+        out = chat_stream(spec.server, prompt)
+        assert out["text"] == baseline.chat[prompt]["text"], prompt
+        assert out["finish_reason"] == "length"
+
+
+def test_concurrent_requests_lossless(spec, baseline):
+    if not spec.config.concurrency:
+        pytest.skip("concurrency is checked on the g3-* configurations only (CI time)")
+    jobs = [(completion, p) for p in PROMPTS] + [(chat, p) for p in PROMPTS[:2]]
+    assert len(jobs) >= 4
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = [pool.submit(fn, spec.server, p) for fn, p in jobs]
+        results = [f.result(timeout=900) for f in futures]
+    for (fn, prompt), out in zip(jobs, results):
+        expected = (baseline.completion if fn is completion else baseline.chat)[prompt]
+        assert out == expected, (fn.__name__, prompt)
+
+
+def test_rejects_bad_requests_and_keeps_serving(spec, baseline):
+    if not spec.config.bad_input:
+        pytest.skip("bad input is checked on g3-static only (CI time)")
+    server = spec.server
+    too_long = "the cat sat on the mat " * 200  # > 512-token context of the tiny model
+    bad = [
+        ("/v1/completions", {"model": "x", "prompt": too_long, "max_tokens": 4}),
+        ("/v1/chat/completions", {"model": "x", "messages": [{"role": "user", "content": too_long}], "max_tokens": 4}),
+        ("/v1/completions", {"model": "x", "prompt": "Hello", "max_tokens": 4, "temperature": -1}),
+        ("/generate", {"text": too_long, "sampling_params": {"max_new_tokens": 4}}),
+    ]
+    for path, payload in bad:
+        status, body = raw_post(server, path, payload)
+        assert 400 <= status < 500, (path, status, body)
+        assert server.alive() and server.healthy(), f"server died after a bad request to {path}"
+    # and it still serves, losslessly
+    prompt = PER_CONFIG_PROMPTS[0]
+    assert completion(server, prompt) == baseline.completion[prompt]
