@@ -14,9 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch_config as LC
 from . import validation as V
 from .mtp_verify import _conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _round_act, _sigmoid
 from .reference import default_scale
+from .tiled import _decode_kernel as _tiled_decode_kernel
 
 DEFAULT_BLOCK_V = 32
 DEFAULT_NUM_WARPS = 4
@@ -113,6 +115,7 @@ def decode(
     ssm_state: torch.Tensor, conv_state: torch.Tensor, slot_indices: torch.Tensor,
     scale: Optional[float] = None, out: Optional[torch.Tensor] = None,
     block_v: Optional[int] = None, num_warps: Optional[int] = None,
+    block_k: Optional[int] = None, impl: Optional[str] = None,
 ) -> torch.Tensor:
     """KDA decode step for B requests of one token each; updates conv and recurrent state in place.
 
@@ -135,8 +138,12 @@ def decode(
         ``[B]`` int32; ``-1`` = padding: state and conv untouched, output row zero.
     out : torch.Tensor, optional
         ``[1, B, H, 128]`` activation dtype, last dim contiguous; allocated when None.
-    block_v, num_warps : int, optional
-        Tuning knobs (V-tile looped inside the program, default 32; warps).
+    block_v, num_warps, block_k : int, optional
+        Tuning knobs (defaults from :mod:`.launch_config`): V-tile looped inside the program
+        (128 = the whole state tile at once), warps, K sub-row of the tiled state layout (4..128).
+    impl : str, optional
+        ``None``/``"tiled"``: the K-tiled kernel of :mod:`.tiled`; ``"rows"``: the original
+        ``[block_v, 128]`` kernel below.
 
     Returns
     -------
@@ -166,10 +173,17 @@ def decode(
         V.check_out(out, T, H, act)
     V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
                    ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, out=out)
-    BV = V.check_block_v(block_v if block_v is not None else DEFAULT_BLOCK_V)
+    cfg = LC.decode(H, B)
+    BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
+    KS = max(4, V.check_block_v(block_k if block_k is not None else cfg["block_k"]))
+    warps = num_warps or cfg["num_warps"]
     if B == 0:
         return out
-    _decode_kernel[(B, H)](
+    if impl not in (None, "auto", "tiled", "rows"):
+        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "tiled" or "rows"', got=repr(impl),
+                             fix="leave impl=None")
+    kernel, extra = (_decode_kernel, {}) if impl == "rows" else (_tiled_decode_kernel, dict(KS=KS))
+    kernel[(B, H)](
         q, k, v, a, b, out,
         conv_weight, A_flat, dt_flat,
         ssm_state, conv_state, slot_indices,
@@ -178,6 +192,6 @@ def decode(
         a.stride(1), a.stride(2), b.stride(1), b.stride(2), out.stride(1), out.stride(2),
         conv_weight.stride(0), ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
         BV=BV, ACT_BF16=act == torch.bfloat16, USE_LB=lower_bound is not None,
-        num_warps=num_warps or DEFAULT_NUM_WARPS,
+        num_warps=warps, **extra,
     )
     return out

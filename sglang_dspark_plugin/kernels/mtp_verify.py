@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch_config as LC
 from . import validation as V
 from .reference import default_scale
 
@@ -261,6 +262,8 @@ def mtp_verify(
     ring_g: Optional[torch.Tensor] = None, ring_beta: Optional[torch.Tensor] = None,
     scale: Optional[float] = None, out: Optional[torch.Tensor] = None,
     block_v: Optional[int] = None, num_warps: Optional[int] = None,
+    block_k: Optional[int] = None, num_stages: Optional[int] = None,
+    dot_precision: Optional[str] = None, impl: Optional[str] = None,
 ) -> torch.Tensor:
     """KDA speculative verify of N requests x (1 + num_spec) tokens; state and conv are read-only.
 
@@ -323,8 +326,17 @@ def mtp_verify(
         Query scale, default ``128 ** -0.5``.
     out : torch.Tensor, optional
         ``[1, T, H, 128]`` in the activation dtype, last dim contiguous; allocated when None.
-    block_v, num_warps : int, optional
-        Tuning knobs: V-tile per program (power of two dividing 128, default 32) and warps.
+    block_v, num_warps, block_k, num_stages : int, optional
+        Tuning knobs (defaults from :mod:`.launch_config`, keyed on H, N and the window): V-tile per
+        program (power of two dividing 128), warps, K-chunk (ring mode: the ``tl.dot`` K-chunk,
+        16..128; snapshot mode: the K sub-row of the tiled state layout, 4..128) and pipeline stages.
+    dot_precision : str, optional
+        Ring mode: ``tl.dot`` input precision of the two state products, ``"tf32x3"`` (default,
+        about fp32 accuracy on tensor cores), ``"ieee"`` (exact fp32 FMA) or ``"tf32"``.
+    impl : str, optional
+        ``None``/``"auto"``: ring mode runs the chunked (WY) kernel, snapshot mode the K-tiled
+        recurrent kernel; ``"wy"``, ``"tiled"`` or ``"rows"`` (the
+        original ``[block_v, 128]`` recurrent kernel) force one.
 
     Exactly one of snapshot mode (``intermediate_ssm``) and ring mode (all four rings) must be used.
 
@@ -390,8 +402,48 @@ def mtp_verify(
                    intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
                    intermediate_ssm=intermediate_ssm, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
                    ring_beta=ring_beta, out=out)
-    BV = V.check_block_v(block_v if block_v is not None else DEFAULT_BLOCK_V)
+    impl = _pick_impl(impl, ring, steps)
+    if impl == "wy":
+        cfg = LC.verify_ring(H, N, steps)
+    else:
+        cfg = LC.verify_snapshot(H, N, steps)
+    BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
+    BK = V.check_block_v(block_k if block_k is not None else cfg["block_k"])
+    warps = num_warps or cfg["num_warps"]
+    stages = num_stages if num_stages is not None else cfg.get("num_stages")
     if N == 0:
+        return out
+
+    if impl == "wy":
+        from .mtp_verify_wy import launch_verify_ring_wy
+
+        return launch_verify_ring_wy(
+            q, k, v, a, b, out, conv_weight=conv_weight, A_flat=A_flat, dt_flat=dt_flat,
+            lower_bound=lower_bound, scale=scale, ssm_state=ssm_state, conv_state=conv_state,
+            slot_indices=slot_indices, cu_seqlens=cu_seqlens, intermediate_conv=intermediate_conv,
+            intermediate_rows=intermediate_rows, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
+            ring_beta=ring_beta, N=N, T=T, H=H, steps=steps, act_bf16=act == torch.bfloat16,
+            block_v=max(16, BV), block_k=max(16, BK), num_warps=warps, num_stages=stages,
+            dot_precision=dot_precision or "tf32x3")
+    extra = {} if stages is None else dict(num_stages=stages)
+    if impl == "tiled" and snapshot:
+        from .tiled import _verify_snapshot_kernel
+
+        _verify_snapshot_kernel[(V.HEAD_DIM // BV, N, H)](
+            q, k, v, a, b, out,
+            conv_weight, A_flat, dt_flat,
+            ssm_state, conv_state, slot_indices, cu_seqlens,
+            intermediate_conv, intermediate_rows, intermediate_ssm,
+            N, T, H, 0.0 if lower_bound is None else lower_bound, scale,
+            q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+            a.stride(1), a.stride(2), b.stride(1), b.stride(2), out.stride(1), out.stride(2),
+            conv_weight.stride(0),
+            ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
+            intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
+            intermediate_ssm.stride(0), intermediate_ssm.stride(1),
+            STEPS=steps, BV=BV, KS=max(4, BK), ACT_BF16=act == torch.bfloat16,
+            USE_LB=lower_bound is not None, num_warps=warps, **extra,
+        )
         return out
 
     issm = intermediate_ssm if snapshot else ssm_state  # placeholder pointer, never touched
@@ -421,6 +473,20 @@ def mtp_verify(
         *ring_strides,
         STEPS=steps, BV=BV, ACT_BF16=act == torch.bfloat16,
         USE_LB=lower_bound is not None, SNAPSHOT=snapshot, RING=ring,
-        num_warps=num_warps or DEFAULT_NUM_WARPS,
+        num_warps=warps, **extra,
     )
     return out
+
+
+def _pick_impl(impl: Optional[str], ring: bool, steps: int) -> str:
+    """"wy" (chunked ring verify), "tiled" (K-tiled recurrent) or "rows" (original recurrent)."""
+    if impl in (None, "auto"):
+        return "wy" if ring else "tiled"
+    if impl not in ("wy", "tiled", "rows"):
+        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto", "wy", "tiled" or "rows"', got=repr(impl),
+                             fix="leave impl=None")
+    if impl == "wy" and not ring:
+        return "tiled"  # the chunked form computes outputs only; snapshots need every state
+    if impl == "tiled" and ring:
+        return "rows"  # ring mode's recurrent form is the original kernel
+    return impl

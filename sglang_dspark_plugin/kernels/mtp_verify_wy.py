@@ -136,8 +136,8 @@ def _mtp_verify_wy_kernel(
         rk_base = rk_ptr + slot * s_rk_slot + h64 * s_rk_h + offs_t.to(tl.int64)[:, None] * s_rk_t
         rg_base = rg_ptr + slot * s_rg_slot + h64 * s_rg_h + offs_t.to(tl.int64)[:, None] * s_rg_t
 
-        ssq_q = tl.zeros([TP], dtype=tl.float32)
-        ssq_k = tl.zeros([TP], dtype=tl.float32)
+        ssq_q = tl.zeros([TP], dtype=tl.float64)  # fp64 like mtp_verify._l2norm
+        ssq_k = tl.zeros([TP], dtype=tl.float64)
         A_raw = tl.zeros([TP, TP], dtype=tl.float32)
         M_raw = tl.zeros([TP, TP], dtype=tl.float32)
         acc = tl.zeros([BV, NC], dtype=tl.float32)
@@ -181,8 +181,10 @@ def _mtp_verify_wy_kernel(
             eG = tl.cumprod(alpha, axis=0)  # e^{G_t}: decay from the window start through token t
             E = tl.cumprod(tl.where(pair_lo, alpha[:, None, :], 1.0), axis=0)  # E[t, s] (t >= s)
 
-            ssq_q += tl.sum(yq * yq, axis=1)
-            ssq_k += tl.sum(yk * yk, axis=1)
+            yqd = yq.to(tl.float64)
+            ykd = yk.to(tl.float64)
+            ssq_q += tl.sum(yqd * yqd, axis=1)
+            ssq_k += tl.sum(ykd * ykd, axis=1)
             kE = yk[None, :, :] * E
             A_raw += tl.sum(yk[:, None, :] * kE, axis=2)
             M_raw += tl.sum(yq[:, None, :] * kE, axis=2)
@@ -193,8 +195,8 @@ def _mtp_verify_wy_kernel(
             acc = tl.dot(S0, _pad16_cols(qk, 2 * TP), acc, input_precision=DOT_PREC)
 
         # T x T algebra (per request and head; independent of the V-tile)
-        rq = tl.rsqrt(ssq_q + 1e-6) * scale
-        rk = tl.rsqrt(ssq_k + 1e-6)
+        rq = tl.rsqrt((ssq_q + 1e-6).to(tl.float32)) * scale
+        rk = tl.rsqrt((ssq_k + 1e-6).to(tl.float32))
         lower = offs_t[:, None] > offs_t[None, :]
         eye = tl.where(offs_t[:, None] == offs_t[None, :], 1.0, 0.0)
         Nm = tl.where(lower, A_raw * rk[:, None] * rk[None, :] * beta[:, None], 0.0)

@@ -16,8 +16,10 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch_config as LC
 from . import validation as V
 from .mtp_verify import _delta_step, _l2norm
+from .tiled import _fold_kernel as _tiled_fold_kernel
 
 DEFAULT_BLOCK_V = 32
 DEFAULT_NUM_WARPS = 4
@@ -95,6 +97,7 @@ def replayssm_fold(
     intermediate_rows: Optional[torch.Tensor] = None,
     track_slot_indices: Optional[torch.Tensor] = None, track_steps: Optional[torch.Tensor] = None,
     scale: Optional[float] = None, block_v: Optional[int] = None, num_warps: Optional[int] = None,
+    block_k: Optional[int] = None, impl: Optional[str] = None,
 ) -> torch.Tensor:
     """Fold the accepted prefix of every request's verify rings into the persistent state, all layers.
 
@@ -134,8 +137,12 @@ def replayssm_fold(
         snapshot; a track slot of ``-1`` is skipped).
     scale : float, optional
         Unused (the fold never reads q); accepted for signature symmetry.
-    block_v, num_warps : int, optional
-        Tuning knobs (V-tile per program, default 32; warps).
+    block_v, num_warps, block_k : int, optional
+        Tuning knobs (defaults from :mod:`.launch_config`): V-tile per program, warps, K sub-row of
+        the tiled state layout (4..128).
+    impl : str, optional
+        ``None``/``"tiled"``: the K-tiled kernel of :mod:`.tiled` (the same step helper as the
+        snapshot-mode verify); ``"rows"``: the original ``[block_v, 128]`` kernel below.
 
     Returns
     -------
@@ -202,7 +209,13 @@ def replayssm_fold(
                    slot_indices=slot_indices, accept_lens=accept_lens, conv_state=conv_state,
                    intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
                    track_slot_indices=track_slot_indices, track_steps=track_steps)
-    BV = V.check_block_v(block_v if block_v is not None else DEFAULT_BLOCK_V)
+    cfg = LC.fold(H, N, layers)
+    BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
+    KS = max(4, V.check_block_v(block_k if block_k is not None else cfg["block_k"]))
+    warps = num_warps or cfg["num_warps"]
+    if impl not in (None, "auto", "tiled", "rows"):
+        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "tiled" or "rows"', got=repr(impl),
+                             fix="leave impl=None")
     if N == 0 or layers == 0:
         return ssm_state.squeeze(0) if single else ssm_state
 
@@ -219,7 +232,8 @@ def replayssm_fold(
     tslot_ptr, tstep_ptr = (track_slot_indices, track_steps) if track else (slot_indices, slot_indices)
 
     grid = (V.HEAD_DIM // BV, N, layers * H)
-    _replayssm_fold_kernel[grid](
+    kernel, extra = (_replayssm_fold_kernel, {}) if impl == "rows" else (_tiled_fold_kernel, dict(KS=KS))
+    kernel[grid](
         ssm_state, rv, rk, rg, rb, slot_indices, accept_lens,
         conv_ptr, icw_ptr, irow_ptr, tslot_ptr, tstep_ptr,
         H, L, icw_steps,
@@ -230,6 +244,6 @@ def replayssm_fold(
         rb.stride(0), rb.stride(1), rb.stride(2), rb.stride(3),
         *conv_strides, *icw_strides,
         BV=BV, CONV=with_conv, TRACK=track,
-        num_warps=num_warps or DEFAULT_NUM_WARPS,
+        num_warps=warps, **extra,
     )
     return ssm_state.squeeze(0) if single else ssm_state

@@ -30,8 +30,11 @@ def koffs(KC: tl.constexpr, KS: tl.constexpr):
 
 @triton.jit
 def l2norm3(x):
-    """x * rsqrt(sum(x^2) + 1e-6) over a [KC, 1, KS] vector."""
-    return x * tl.rsqrt(tl.sum(tl.sum(tl.sum(x * x, axis=2), axis=1), axis=0) + 1e-6)
+    """x * rsqrt(sum(x^2) + 1e-6) over a [KC, 1, KS] vector; the sum of squares in fp64 like
+    ``mtp_verify._l2norm`` (order-independent, so every kernel normalises k identically)."""
+    xd = x.to(tl.float64)
+    ss = tl.sum(tl.sum(tl.sum(xd * xd, axis=2), axis=1), axis=0) + 1e-6
+    return x * tl.rsqrt(ss.to(tl.float32))
 
 
 @triton.jit
@@ -45,7 +48,7 @@ def delta_step3(S, k3, g3, beta, v):
     """S <- S * exp(g); u = beta * (v - S k); S <- S + u k^T  on a [KC, BV, KS] tile."""
     S = S * tl.exp(g3)
     u = beta * (v - kdot3(S, k3))
-    return S + u[None, :, None] * k3
+    return tl.fma(u[None, :, None], k3, S)
 
 
 # ----------------------------------------------------------------------------------------------

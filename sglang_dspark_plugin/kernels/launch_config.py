@@ -1,0 +1,60 @@
+"""Launch configurations of the bundled kernels, keyed on (heads, batch, window).
+
+A small static table (no runtime autotuning: every call must be CUDA-graph capturable and
+host-sync free). The wrappers use it unless the caller passes ``block_v`` / ``block_k`` /
+``num_warps`` explicitly. Numbers come from ``benchmarks/bench_kernels.py --sweep`` on an H200
+(see docs/benchmarks.md); under the Triton interpreter (CPU tests) the largest tiles are used,
+because the interpreter's cost is per program, not per element.
+
+Each function returns a dict with ``block_v``, ``block_k`` and ``num_warps`` (and ``num_stages``
+where it matters).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _programs(N: int, H: int) -> int:
+    return max(1, N) * max(1, H)
+
+
+def verify_ring(H: int, N: int, steps: int) -> dict:
+    """WY (chunked) ring-mode verify: one program per (request, head, V-tile)."""
+    if interpreting():
+        return dict(block_v=128, block_k=64, num_warps=4, num_stages=1)
+    # Few (request, head) pairs: split V so that the grid covers the 132 SMs (latency-bound);
+    # many: one program per head so the T x T work is not repeated per V-tile.
+    nh = _programs(N, H)
+    if nh <= 64:
+        bv = 32
+    elif nh <= 512:
+        bv = 64
+    else:
+        bv = 128
+    return dict(block_v=bv, block_k=32, num_warps=4, num_stages=1)
+
+
+def verify_snapshot(H: int, N: int, steps: int) -> dict:
+    """Recurrent snapshot-mode verify (writes every step's state)."""
+    if interpreting():
+        return dict(block_v=128, block_k=16, num_warps=4)
+    return dict(block_v=32, block_k=16, num_warps=4)
+
+
+def fold(H: int, N: int, layers: int) -> dict:
+    """ReplaySSM fold: one program per (request, layer, head, V-tile)."""
+    if interpreting():
+        return dict(block_v=128, block_k=16, num_warps=4)
+    return dict(block_v=32, block_k=16, num_warps=4)
+
+
+def decode(H: int, N: int) -> dict:
+    """Decode: one program per (request, head), looping over V-tiles of ``block_v`` rows."""
+    if interpreting():
+        return dict(block_v=128, block_k=16, num_warps=4)
+    return dict(block_v=32, block_k=16, num_warps=4)
