@@ -551,6 +551,84 @@ def rotations(N, H):
     return int(min(16, max(1, math.ceil(256 * 2**20 / S))))
 
 
+def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
+    """(kernel, who, cfg, calls, skip_reason) for every timing at one (H, N, T) point."""
+    out = []
+    if T == 1:
+        for cfg in configs.get("decode", [{}]):
+            out.append(("decode", "ours", cfg, [lambda i=i, c=cfg: ours_decode(i, pool, c) for i in insts],
+                        None if ok("decode", 1) else "check failed"))
+        if up.has("conv", "packed_decode"):
+            out.append(("up_decode", "sglang", None, [lambda i=i: up.decode(i, pool) for i in insts],
+                        None if ok("up_decode", 1) else "check failed"))
+        if up.fla is not None:
+            out.append(("up_fla_decode", "fla", None, [lambda i=i: up.fla_decode(i, pool) for i in insts],
+                        None if ok("up_fla_decode", 1) else "check failed"))
+        return out
+    for ring in (True, False):
+        kname = "verify_ring" if ring else "verify_snapshot"
+        if not ring and not snapshot:
+            continue
+        for cfg in configs.get(kname, [{}]):
+            out.append((kname, "ours", cfg, [lambda i=i, c=cfg, r=ring: ours_verify(i, pool, T, r, c) for i in insts],
+                        None if ok(kname, T) else "check failed"))
+        for upn, fn, keys in (("up_verify_unfused", up.verify_unfused, ("conv", "recurrent")),
+                              ("up_verify_fused", up.verify_fused, ("fused_verify",))):
+            if not up.has(*keys):
+                continue
+            name = upn + ("_ring" if ring else "_snapshot")
+            out.append((name, "sglang", None, [lambda i=i, f=fn, r=ring: f(i, pool, T, r) for i in insts],
+                        None if ok(name, T) else "check failed"))
+    for cfg in configs.get("fold", [{}]):
+        out.append(("fold", "ours", cfg, [lambda i=i, c=cfg: ours_fold(i, pool, False, c) for i in insts],
+                    None if ok("fold", T) else "check failed"))
+    out.append(("fold_conv", "ours", None, [lambda i=i: ours_fold(i, pool, True, {}) for i in insts],
+                None if ok("fold", T) else "check failed"))
+    if up.has("fold"):
+        out.append(("up_fold", "sglang", None, [lambda i=i: up.fold(i, pool) for i in insts],
+                    None if ok("up_fold", T) else "check failed"))
+    return out
+
+
+def _precompile_worker(job):
+    """Run every call of some points once (R = 1) so Triton's on-disk cache holds the binaries."""
+    points, argd, configs, checks = job
+    import upstream_kernels as U
+    up = Upstream({}, None)
+    if not argd["no_upstream"]:
+        mods, _src, _errs = U.load_sglang(argd["upstream_root"])
+        fla_fn, _ = U.load_fla()
+        up = Upstream(mods, fla_fn)
+    n_ok = 0
+    for H, N, T in points:
+        pool, insts = make_pool(H, N, T, 1, (not argd["no_snapshot"]) and T > 1)
+        for kernel, who, cfg, calls, why in point_tasks(H, N, T, pool, insts, up, configs,
+                                                       lambda k, t: checks.get(f"{k}@{t}", False),
+                                                       not argd["no_snapshot"]):
+            if why:
+                continue
+            try:
+                calls[0]()
+                n_ok += 1
+            except Exception:  # noqa: BLE001
+                pass
+        torch.cuda.synchronize()
+        del pool, insts
+        torch.cuda.empty_cache()
+    return n_ok
+
+
+def precompile(points, args, configs, checks):
+    import multiprocessing as mp
+    order = sorted(points, key=lambda p: -p[0] * p[1] * p[2])  # big first, dealt round-robin
+    jobs = [order[i::args.jobs] for i in range(args.jobs)]
+    argd = dict(no_upstream=args.no_upstream, upstream_root=args.upstream_root, no_snapshot=args.no_snapshot)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(args.jobs) as pool:
+        done = pool.map(_precompile_worker, [(j, argd, configs, checks) for j in jobs if j])
+    log(f"precompiled {sum(done)} calls")
+
+
 def run(args):
     argv = sys.argv
     env = environment(argv)
@@ -630,57 +708,32 @@ def run(args):
             return None
 
     log("== timing ==")
-    for H in Hs:
-        for T in Ts:
-            for N in Ns:
-                if INTERPRET and N * T > 8:
-                    continue
-                Rn = 1 if INTERPRET else rotations(N, H)
-                try:
-                    pool, insts = make_pool(H, N, T, Rn, snapshot and T > 1)
-                except torch.cuda.OutOfMemoryError:
-                    add("pool", "-", H, N, T, None, note="OOM building the pool")
-                    continue
-                if T == 1:
-                    if ok("decode", 1):
-                        for cfg in configs.get("decode", [{}]):
-                            timed("decode", "ours", H, N, T, [lambda i=i, c=cfg: ours_decode(i, pool, c) for i in insts],
-                                  cfg)
-                    else:
-                        add("decode", "ours", H, N, T, None, note="check failed")
-                    if ok("up_decode", 1):
-                        timed("up_decode", "sglang", H, N, T, [lambda i=i: up.decode(i, pool) for i in insts])
-                    if up.fla is not None and ok("up_fla_decode", 1):
-                        timed("up_fla_decode", "fla", H, N, T, [lambda i=i: up.fla_decode(i, pool) for i in insts])
-                else:
-                    for ring in (True, False):
-                        kname = "verify_ring" if ring else "verify_snapshot"
-                        if not ring and not snapshot:
-                            continue
-                        if ok(kname, T):
-                            for cfg in configs.get(kname, [{}]):
-                                timed(kname, "ours", H, N, T,
-                                      [lambda i=i, c=cfg, r=ring: ours_verify(i, pool, T, r, c) for i in insts], cfg)
-                        else:
-                            add(kname, "ours", H, N, T, None, note="check failed")
-                        for upn, fn in (("up_verify_unfused", up.verify_unfused), ("up_verify_fused", up.verify_fused)):
-                            name = upn + ("_ring" if ring else "_snapshot")
-                            if ok(name, T):
-                                timed(name, "sglang", H, N, T, [lambda i=i, f=fn, r=ring: f(i, pool, T, r) for i in insts])
-                            elif (name, T) in CHECKS:
-                                add(name, "sglang", H, N, T, None, note="check failed")
-                    if ok("fold", T):
-                        for cfg in configs.get("fold", [{}]):
-                            timed("fold", "ours", H, N, T, [lambda i=i, c=cfg: ours_fold(i, pool, False, c) for i in insts],
-                                  cfg)
-                        timed("fold_conv", "ours", H, N, T, [lambda i=i: ours_fold(i, pool, True, {}) for i in insts])
-                    else:
-                        add("fold", "ours", H, N, T, None, note="check failed")
-                    if ok("up_fold", T):
-                        timed("up_fold", "sglang", H, N, T, [lambda i=i: up.fold(i, pool) for i in insts])
-                del pool, insts
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+    points = [(H, N, T) for H in Hs for T in Ts for N in Ns if not (INTERPRET and N * T > 8)]
+    if args.jobs > 1 and not INTERPRET:
+        tc = time.time()
+        precompile(points, args, configs, {f"{k}@{t}": v["ok"] for (k, t), v in CHECKS.items()})
+        log(f"precompile ({args.jobs} processes) {time.time() - tc:.1f}s")
+    partial = os.path.join(out_dir, f"bench_kernels{args.tag}.partial.json")
+    for H, N, T in points:
+        if args.budget and time.time() - t0 > args.budget:
+            add("budget", "-", H, N, T, None, note=f"time budget {args.budget}s spent: not timed")
+            continue
+        Rn = 1 if INTERPRET else rotations(N, H)
+        try:
+            pool, insts = make_pool(H, N, T, Rn, snapshot and T > 1)
+        except torch.cuda.OutOfMemoryError:
+            add("pool", "-", H, N, T, None, note="OOM building the pool")
+            continue
+        for kernel, who, cfg, calls, why in point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
+            if why:
+                add(kernel, who, H, N, T, None, cfg, note=why)
+            else:
+                timed(kernel, who, H, N, T, calls, cfg)
+        del pool, insts
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        with open(partial, "w") as f:
+            json.dump(dict(env=env, bandwidth_TBps=bw, rows=rows), f, default=str)
     # noise: time two entries a second time
     noise = []
     if not INTERPRET and not args.sweep:
@@ -699,17 +752,21 @@ def run(args):
     result = dict(env=env, bandwidth_TBps=bw, notes=notes, checks={f"{k}@T{t}": v for (k, t), v in CHECKS.items()},
                   rows=rows, noise=noise, elapsed_s=time.time() - t0)
     table = make_table(rows, bw, Hs, Ns, Ts)
-    with open(os.path.join(out_dir, "bench_kernels.json"), "w") as f:
+    with open(os.path.join(out_dir, f"bench_kernels{args.tag}.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
-    with open(os.path.join(out_dir, "bench_kernels.md"), "w") as f:
+    with open(os.path.join(out_dir, f"bench_kernels{args.tag}.md"), "w") as f:
         f.write(table["md"])
-    with open(os.path.join(out_dir, "bench_kernels.log"), "w") as f:
+    with open(os.path.join(out_dir, f"bench_kernels{args.tag}.log"), "w") as f:
         f.write("\n".join(LOG))
+    if os.path.exists(os.path.join(out_dir, f"bench_kernels{args.tag}.partial.json")):
+        os.remove(os.path.join(out_dir, f"bench_kernels{args.tag}.partial.json"))
     print()
     for n_ in noise:
         print(f"noise: {n_['kernel']} H={n_['H']} N={n_['N']} T={n_['T']}: {n_['first']:.2f} vs {n_['second']:.2f} us")
     print(f"copy bandwidth {bw:.3f} TB/s; {env.get('gpu', 'cpu')}; torch {env['torch']} triton {env['triton']}; "
           f"{time.time() - t0:.0f}s")
+    if args.sweep:
+        print(sweep_summary(rows))
     print(table["text"])
     failed = [f"{k}@T{t}" for (k, t), v in CHECKS.items() if not v["ok"]]
     if failed:
@@ -773,14 +830,41 @@ def make_table(rows, bw, Hs, Ns, Ts):
 
 
 def sweep_configs():
-    """Launch configurations timed by --sweep (each must pass through the wrappers' tuning kwargs)."""
+    """Launch configurations timed by --sweep (passed through the wrappers' tuning kwargs)."""
     v = [dict(block_v=bv, block_k=bk, num_warps=nw) for bv in (32, 64, 128) for bk in (16, 32) for nw in (4, 8)]
+    v += [dict(block_v=64, block_k=32, num_warps=4, num_stages=2),
+          dict(block_v=64, block_k=32, num_warps=4, dot_precision="ieee"),
+          dict(block_v=64, block_k=32, num_warps=4, dot_precision="tf32"),
+          dict(impl="rows", block_v=32, num_warps=4)]
     return dict(
         verify_ring=v,
-        verify_snapshot=[dict(block_v=bv, num_warps=nw) for bv in (16, 32, 64) for nw in (4, 8)],
-        fold=[dict(block_v=bv, num_warps=nw) for bv in (16, 32, 64) for nw in (2, 4, 8)],
-        decode=[dict(block_v=bv, num_warps=nw) for bv in (32, 64, 128) for nw in (4, 8, 16)],
+        verify_snapshot=[dict(block_v=bv, block_k=16, num_warps=nw) for bv in (16, 32, 64) for nw in (4, 8)]
+        + [dict(block_v=32, block_k=32, num_warps=4), dict(impl="rows", block_v=32, num_warps=4)],
+        fold=[dict(block_v=bv, block_k=16, num_warps=nw) for bv in (16, 32, 64) for nw in (2, 4, 8)]
+        + [dict(block_v=32, block_k=8, num_warps=4), dict(block_v=32, block_k=32, num_warps=4)]
+        + [dict(impl="tiled_b", block_v=bv, block_k=16, num_warps=nw) for bv in (16, 32, 64) for nw in (2, 4, 8)]
+        + [dict(impl="rows", block_v=bv, num_warps=nw) for bv in (16, 32) for nw in (1, 2, 4)],
+        decode=[dict(block_v=bv, block_k=16, num_warps=nw) for bv in (32, 64, 128) for nw in (4, 8, 16)]
+        + [dict(block_v=128, block_k=32, num_warps=8)]
+        + [dict(impl="rows", block_v=bv, num_warps=nw) for bv in (16, 32) for nw in (1, 2, 4)],
     )
+
+
+def sweep_summary(rows):
+    """Best configuration per (kernel, H, N, T) and the spread over configurations."""
+    lines = []
+    keys = sorted({(r["kernel"], r["H"], r["N"], r["T"]) for r in rows if r["who"] == "ours" and r["cfg"]})
+    for k in keys:
+        c = [r for r in rows if (r["kernel"], r["H"], r["N"], r["T"]) == k and r["us"] is not None]
+        if not c:
+            continue
+        c.sort(key=lambda r: r["us"])
+        b = c[0]
+        rows_impl = [r for r in c if (r["cfg"] or {}).get("impl") == "rows"]
+        lines.append(f"{k[0]:16s} H={k[1]:2d} N={k[2]:3d} T={k[3]:2d} best {b['us']:8.2f} us x{b['us'] / b['floor_us']:.2f} "
+                     f"{b['cfg']}; 2nd {c[1]['us'] if len(c) > 1 else float('nan'):.2f}; worst {c[-1]['us']:.2f}"
+                     + (f"; rows-impl {rows_impl[0]['us']:.2f}" if rows_impl else ""))
+    return "\n".join(lines)
 
 
 def main():
@@ -795,6 +879,9 @@ def main():
     ap.add_argument("--no-upstream", action="store_true")
     ap.add_argument("--no-snapshot", action="store_true", help="skip snapshot-mode verify (saves memory/time)")
     ap.add_argument("--upstream-root", default=None, help="staged sglang kernels (default .whl/upstream)")
+    ap.add_argument("--jobs", type=int, default=8, help="processes that compile every kernel first (1 = none)")
+    ap.add_argument("--budget", type=float, default=0, help="stop timing new points after this many seconds")
+    ap.add_argument("--tag", default="", help="suffix of the output file names")
     args = ap.parse_args()
     sys.exit(run(args))
 

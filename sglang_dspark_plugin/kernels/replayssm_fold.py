@@ -213,8 +213,8 @@ def replayssm_fold(
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
     KS = max(4, V.check_block_v(block_k if block_k is not None else cfg["block_k"]))
     warps = num_warps or cfg["num_warps"]
-    if impl not in (None, "auto", "tiled", "rows"):
-        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "tiled" or "rows"', got=repr(impl),
+    if impl not in (None, "auto", "tiled", "tiled_b", "rows"):
+        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "tiled", "tiled_b" or "rows"', got=repr(impl),
                              fix="leave impl=None")
     if N == 0 or layers == 0:
         return ssm_state.squeeze(0) if single else ssm_state
@@ -232,7 +232,8 @@ def replayssm_fold(
     tslot_ptr, tstep_ptr = (track_slot_indices, track_steps) if track else (slot_indices, slot_indices)
 
     grid = (V.HEAD_DIM // BV, N, layers * H)
-    kernel, extra = (_replayssm_fold_kernel, {}) if impl == "rows" else (_tiled_fold_kernel, dict(KS=KS))
+    kernel, extra = ((_replayssm_fold_kernel, {}) if impl == "rows"
+                     else (_tiled_fold_kernel, dict(KS=KS, BCAST=impl == "tiled_b")))
     kernel[grid](
         ssm_state, rv, rk, rg, rb, slot_indices, accept_lens,
         conv_ptr, icw_ptr, irow_ptr, tslot_ptr, tstep_ptr,

@@ -68,6 +68,7 @@ def _fold_kernel(
     s_conv_layer, s_conv_slot, s_conv_row,
     s_icw_layer, s_icw_row, s_icw_step, s_icw_win,
     BV: tl.constexpr, KS: tl.constexpr, CONV: tl.constexpr, TRACK: tl.constexpr,
+    BCAST: tl.constexpr = False,
 ):
     iv = tl.program_id(0)
     n = tl.program_id(1)
@@ -94,9 +95,20 @@ def _fold_kernel(
         rk_base = rk_ptr + layer * s_rk_layer + slot * s_rk_slot + h64 * s_rk_h
         rg_base = rg_ptr + layer * s_rg_layer + slot * s_rg_slot + h64 * s_rg_h
         rb_base = rb_ptr + layer * s_rb_layer + slot * s_rb_slot + h64 * s_rb_h
+        if BCAST:
+            # per-K vectors loaded straight into the tile's [KC, BV, KS] layout (replicated over
+            # rows), so the loop keeps the tile's register layout (rows across lanes)
+            bcast = k3 + 0 * offs_v[None, :, None]
         for t in range(n_acc):
-            kn = l2norm3(tl.load(rk_base + t * s_rk_t + k3).to(tl.float32))
-            g = tl.load(rg_base + t * s_rg_t + k3)
+            if BCAST:
+                kraw = tl.load(rk_base + t * s_rk_t + k3).to(tl.float32)
+                kd = kraw.to(tl.float64)
+                r = tl.rsqrt((tl.sum(tl.sum(tl.sum(kd * kd, axis=2), axis=1), axis=0) + 1e-6).to(tl.float32))
+                kn = tl.load(rk_base + t * s_rk_t + bcast).to(tl.float32) * r
+                g = tl.load(rg_base + t * s_rg_t + bcast)
+            else:
+                kn = l2norm3(tl.load(rk_base + t * s_rk_t + k3).to(tl.float32))
+                g = tl.load(rg_base + t * s_rg_t + k3)
             beta = tl.load(rb_base + t * s_rb_t)
             v = tl.load(rv_base + t * s_rv_t + offs_v).to(tl.float32)
             S = delta_step3(S, kn, g, beta, v)

@@ -95,8 +95,8 @@ def test_recurrent_variants(impl, block_v, block_k, mode):
             assert rel_err(kw["intermediate_ssm"][row, :ln], issm_r[row, :ln]) <= 1e-5
 
 
-@pytest.mark.parametrize("block_v,block_k", [(32, 16), (64, 8)])
-def test_tiled_fold_equals_tiled_snapshot(block_v, block_k):
+@pytest.mark.parametrize("block_v,block_k,impl", [(32, 16, None), (64, 8, None), (32, 16, "tiled_b")])
+def test_tiled_fold_equals_tiled_snapshot(block_v, block_k, impl):
     """Fold (tiled) of every accept length == the tiled snapshot verify's state after a-1."""
     p = _problem(3, torch.float32, None, seed=55)
     issm = p.new_issm()
@@ -108,7 +108,7 @@ def test_tiled_fold_equals_tiled_snapshot(block_v, block_k):
         acc = torch.tensor([min(a, ln) for ln in p.extra["lengths"]], dtype=torch.int32, device=p.q.device)
         ssm = p.ssm_state.clone()
         replayssm_fold(ssm, **rings, slot_indices=p.slot_indices, accept_lens=acc, block_v=block_v,
-                       block_k=block_k)
+                       block_k=block_k, impl=impl)
         for n, (slot, row) in enumerate(zip(p.extra["slot_list"], p.extra["row_list"])):
             if slot < 0 or acc[n] == 0:
                 if slot >= 0:
