@@ -187,10 +187,21 @@ def engine_kwargs(args: Sequence[str]) -> Dict[str, object]:
     return out
 
 
+_ports_handed_out: "set[int]" = set()
+
+
 def find_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free localhost port, never the same twice in this process (servers started in parallel
+    bind their port only tens of seconds later)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        # SGLang also binds a few ports right above --port; keep launches well apart.
+        if all(abs(port - other) > 20 for other in _ports_handed_out):
+            _ports_handed_out.add(port)
+            return port
+    raise RuntimeError("no free port found")
 
 
 class ServerStartError(RuntimeError):

@@ -18,12 +18,18 @@ pytest.importorskip("openai")
 
 from e2e_kit import (  # noqa: E402
     MAX_TOKENS,
+    PREFETCH,
     PROMPTS,
+    SPEC_CONFIGS_BY_NAME,
+    SPEC_ORDER,
+    SPEC_STATS,
     STARTED,
     Baseline,
+    assert_served_by_plugin,
     chat,
     completion,
     generate,
+    prefetch_spec_server,
     start_server,
     stop_server,
     tiny_model_args,
@@ -43,12 +49,14 @@ def baseline() -> Baseline:
     KDA layers on the plugin's backend, plain DECODE steps): the speculative servers are compared
     against the plugin's own non-speculative path."""
     server = start_server("baseline", tiny_model_args(None, attention_backend="dspark"))
+    prefetch_spec_server(0)
     try:
         out = Baseline()
         for prompt in PROMPTS:
             out.generate[prompt] = generate(server, prompt)
             out.completion[prompt] = completion(server, prompt)
             out.chat[prompt] = chat(server, prompt)
+        assert_served_by_plugin(server)
     finally:
         stop_server(server)
     for prompt in PROMPTS:
@@ -59,10 +67,37 @@ def baseline() -> Baseline:
     return out
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Record the order in which the (already regrouped) tests use the speculative servers."""
+    SPEC_ORDER.clear()
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        config = callspec.params.get("spec") if callspec else None
+        if config is not None and config.name not in SPEC_ORDER:
+            SPEC_ORDER.append(config.name)
+            SPEC_CONFIGS_BY_NAME[config.name] = config
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_prefetched_servers():
+    yield
+    PREFETCH.close()
+
+
 def pytest_terminal_summary(terminalreporter):
     if not STARTED:
         return
     tr = terminalreporter
+    if SPEC_STATS:
+        tr.section("dspark e2e speculation (greedy /generate, max_tokens=%d)" % MAX_TOKENS)
+        for name, rows in SPEC_STATS.items():
+            for row in rows:
+                tr.write_line(
+                    f"{name:22s} {row['prompt'][:24]!r:28s} verify steps {row['verify_ct']:2d}  "
+                    f"accept length {row['accept_length']:.2f}  accepted drafts "
+                    f"{row['correct']}/{row['proposed']}  histogram {row['histogram']}"
+                )
     tr.section("dspark e2e servers")
     for rec in STARTED:
         startup = f"{rec.startup_s:.0f} s" if rec.startup_s is not None else "-"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -14,12 +15,16 @@ from typing import Dict, List, Optional
 from sglang_dspark_plugin.serving import SGLangServer, tiny_model_args  # noqa: F401
 
 MAX_TOKENS = 12
-# Prompts of the per-configuration tests; all four are used by the concurrency test.
+# Prompts of the per-configuration tests; all four are used by the concurrency test. Chosen for
+# numerical robustness: along their 12 greedy tokens the float64 reference's top-1/top-2 logit
+# gap never drops below ~0.25 (raw prompt) / ~0.2 (chat template), far above bf16 noise, so
+# "speculative == non-speculative" cannot hinge on a near-tie. (Any prompt works; many have a
+# near-tie somewhere, e.g. "Once upon a time" has a 0.05 gap at token 10.)
 PROMPTS = [
-    "The quick brown fox",
-    "Once upon a time",
-    "Write a short poem about the sea.",
-    "Count with me: 1 2 3",
+    "To be or not to be",
+    "def add(a, b):",
+    "An apple a day",
+    "The cat sat on the mat",
 ]
 PER_CONFIG_PROMPTS = PROMPTS[:3]
 STREAM_PROMPTS = PROMPTS[:2]
@@ -27,6 +32,12 @@ LOG_DIR = Path(os.environ.get("DSPARK_E2E_LOG_DIR", "/tmp/dspark-e2e-logs"))
 
 # Every server this session started (for the no-orphan check and the timing summary).
 STARTED: List["ServerRecord"] = []
+# Speculation statistics per configuration (printed in the terminal summary, used in docs).
+SPEC_STATS: Dict[str, List[dict]] = {}
+# Names of the speculative configurations in the order the selected tests will use them
+# (filled at collection time by conftest.py): lets the next server start while the current one
+# is being tested.
+SPEC_ORDER: List[str] = []
 
 
 @dataclass
@@ -61,11 +72,80 @@ def start_server(name: str, args: List[str], env: Optional[Dict[str, str]] = Non
     return server
 
 
+# Lines the plugin writes to the server log: the dspark backend factory ran (in the scheduler
+# process), and no KDA layer fell back to SGLang's own path.
+PLUGIN_ACTIVE_MARK = "dspark: full-attention (MLA) layers use"
+PLUGIN_FALLBACK_MARK = "fall back to SGLang's own KDA path"
+
+
+def assert_served_by_plugin(server: SGLangServer) -> None:
+    log = server.log_text()
+    assert PLUGIN_ACTIVE_MARK in log, "the dspark attention backend was not built"
+    fallbacks = [ln for ln in log.splitlines() if PLUGIN_FALLBACK_MARK in ln]
+    assert not fallbacks, f"KDA layers left the plugin's path: {fallbacks[:3]}"
+
+
 def stop_server(server: SGLangServer) -> None:
     server.stop()
     record = getattr(server, "_record", None)
     if record is not None:
         record.lifetime_s = time.monotonic() - server._t0
+
+
+class Prefetcher:
+    """Starts the *next* server in a background thread while the current one is under test.
+
+    A server start is ~45-60 s of mostly single-threaded imports and model setup, while a server
+    under test keeps about one core busy: on a 2-core machine overlapping the two saves most of
+    a start per configuration. At most one server is prefetched at a time."""
+
+    def __init__(self):
+        self._pending: Dict[str, tuple] = {}
+
+    def start(self, name: str, args: List[str], env: Optional[Dict[str, str]] = None) -> None:
+        if name in self._pending:
+            return
+        holder: dict = {}
+
+        def run():
+            try:
+                holder["server"] = start_server(name, args, env)
+            except BaseException as exc:  # re-raised by take()
+                holder["error"] = exc
+
+        thread = threading.Thread(target=run, name=f"prefetch-{name}", daemon=True)
+        thread.start()
+        self._pending[name] = (thread, holder)
+
+    def take(self, name: str, args: List[str], env: Optional[Dict[str, str]] = None) -> SGLangServer:
+        """The prefetched server ``name`` (waiting for its start), or a fresh start."""
+        if name not in self._pending:
+            return start_server(name, args, env)
+        thread, holder = self._pending.pop(name)
+        thread.join()
+        if "error" in holder:
+            raise holder["error"]
+        return holder["server"]
+
+    def close(self) -> None:
+        """Stop prefetched servers nobody took (e.g. after ``-x`` stopped the session)."""
+        for thread, holder in self._pending.values():
+            thread.join()
+            if "server" in holder:
+                stop_server(holder["server"])
+        self._pending.clear()
+
+
+PREFETCH = Prefetcher()
+# Speculative configurations by name (filled at collection time) for prefetching.
+SPEC_CONFIGS_BY_NAME: Dict[str, object] = {}
+
+
+def prefetch_spec_server(index: int) -> None:
+    """Start the ``index``-th speculative server of this session in the background."""
+    if 0 <= index < len(SPEC_ORDER):
+        config = SPEC_CONFIGS_BY_NAME[SPEC_ORDER[index]]
+        PREFETCH.start(config.name, config.args(), env=config.env())
 
 
 # ----------------------------------------------------------------------------------------------

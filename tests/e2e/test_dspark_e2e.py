@@ -9,7 +9,7 @@ For each speculative configuration below (one shared server per configuration):
 * speculation really ran: ``/generate`` meta_info reports verify steps, their accepted-draft
   histogram is consistent, and at least one verify step accepted a draft token (more than the
   bonus token);
-* (some configurations) >= 4 concurrent requests, all lossless;
+* >= 4 concurrent requests (6: 4 completions + 2 chats, max 4 running), all lossless;
 * (one configuration) requests the server must reject get a clean HTTP 4xx and the server keeps
   serving correctly.
 
@@ -30,15 +30,18 @@ from sglang_dspark_plugin.serving import ServerStartError, tiny_model_args
 from e2e_kit import (
     MAX_TOKENS,
     PER_CONFIG_PROMPTS,
+    PREFETCH,
     PROMPTS,
+    SPEC_ORDER,
+    SPEC_STATS,
     STREAM_PROMPTS,
     chat,
     chat_stream,
     completion,
     completion_stream,
     generate,
+    prefetch_spec_server,
     raw_post,
-    start_server,
     stop_server,
 )
 
@@ -51,7 +54,6 @@ class SpecConfig:
     gamma: int  # --speculative-dspark-block-size
     replayssm: bool  # --enable-linear-replayssm-spec (ring length: smallest power of 2 >= 2(gamma+1))
     ragged_mode: str = "static"  # SGLANG_RAGGED_VERIFY_MODE
-    concurrency: bool = False
     bad_input: bool = False
 
     def args(self):
@@ -62,13 +64,13 @@ class SpecConfig:
 
 
 CONFIGS = [
-    SpecConfig("g3-static", gamma=3, replayssm=False, concurrency=True, bad_input=True),
+    SpecConfig("g3-static", gamma=3, replayssm=False, bad_input=True),
     SpecConfig("g1-static", gamma=1, replayssm=False),
-    SpecConfig("g3-static-replayssm", gamma=3, replayssm=True, concurrency=True),
+    SpecConfig("g3-static-replayssm", gamma=3, replayssm=True),
     SpecConfig("g1-static-replayssm", gamma=1, replayssm=True),
     # compact = per-request ragged verify windows chosen by the confidence scheduler (needs the
     # draft's confidence head, which the tiny draft has).
-    SpecConfig("g3-compact-replayssm", gamma=3, replayssm=True, ragged_mode="compact", concurrency=True),
+    SpecConfig("g3-compact-replayssm", gamma=3, replayssm=True, ragged_mode="compact"),
     SpecConfig("g3-compact", gamma=3, replayssm=False, ragged_mode="compact"),
 ]
 
@@ -92,11 +94,13 @@ def spec(request, baseline):
     (``baseline`` first, so the non-speculative server has finished and stopped before.)"""
     config: SpecConfig = request.param
     try:
-        server = start_server(config.name, config.args(), env=config.env())
+        server = PREFETCH.take(config.name, config.args(), env=config.env())
     except ServerStartError as exc:
         if config.ragged_mode != "static" and "ragged" in str(exc).lower():
             pytest.skip(f"SGLang refuses SGLANG_RAGGED_VERIFY_MODE={config.ragged_mode} here: {exc}")
         raise
+    if config.name in SPEC_ORDER:  # start the next configuration's server meanwhile
+        prefetch_spec_server(SPEC_ORDER.index(config.name) + 1)
     try:
         yield SpecServer(config, server)
     finally:
@@ -114,8 +118,20 @@ def test_generate_lossless_token_for_token(spec, baseline):
 def test_speculation_exercised(spec):
     gamma = spec.config.gamma
     accepted_any = 0
+    rows = SPEC_STATS.setdefault(spec.config.name, [])
+    rows.clear()
     for prompt, out in spec.generate_results().items():
         meta = out["meta_info"]
+        rows.append(
+            dict(
+                prompt=prompt,
+                verify_ct=meta.get("spec_verify_ct", 0),
+                accept_length=meta.get("spec_accept_length", 0.0),
+                correct=meta.get("spec_num_correct_drafts"),
+                proposed=meta.get("spec_num_proposed_drafts"),
+                histogram=meta.get("spec_correct_drafts_histogram"),
+            )
+        )
         verify_ct = meta.get("spec_verify_ct", 0)
         assert verify_ct >= 1, f"no verify step reported for {prompt!r}: {meta}"
         hist = meta.get("spec_correct_drafts_histogram") or []
@@ -156,8 +172,6 @@ def test_streaming_lossless(spec, baseline):
 
 
 def test_concurrent_requests_lossless(spec, baseline):
-    if not spec.config.concurrency:
-        pytest.skip("concurrency is checked on the g3-* configurations only (CI time)")
     jobs = [(completion, p) for p in PROMPTS] + [(chat, p) for p in PROMPTS[:2]]
     assert len(jobs) >= 4
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
@@ -166,6 +180,13 @@ def test_concurrent_requests_lossless(spec, baseline):
     for (fn, prompt), out in zip(jobs, results):
         expected = (baseline.completion if fn is completion else baseline.chat)[prompt]
         assert out == expected, (fn.__name__, prompt)
+
+
+def test_served_by_the_plugin(spec):
+    """The KDA layers ran on the plugin's kernels for the whole run (no fallback to SGLang's own
+    KDA path was logged) and the MLA layers on the dspark backend's delegate."""
+    spec.generate_results()  # at least the /generate requests have run on this server
+    assert_served_by_plugin(spec.server)
 
 
 def test_rejects_bad_requests_and_keeps_serving(spec, baseline):
