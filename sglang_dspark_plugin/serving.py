@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -258,6 +259,8 @@ class SGLangServer:
             os.close(fd)
         self.log_path = Path(log_path)
         self.proc: Optional[subprocess.Popen] = None
+        self._lock = threading.Lock()  # start() may run in another thread than stop()
+        self._stop_requested = False
         self.pgid: Optional[int] = None  # == the launcher's pid (start_new_session)
         self.startup_seconds: Optional[float] = None
 
@@ -299,31 +302,37 @@ class SGLangServer:
         env_note = " TRITON_INTERPRET=1 (CPU, no GPU)" if self.cpu else ""
         self._say(f"starting:{env_note} {' '.join(self.command)}")
         self._say(f"log: {self.log_path}")
-        log = open(self.log_path, "ab", buffering=0)
-        try:
-            self.proc = subprocess.Popen(
-                self.command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env,
-                start_new_session=True,  # own process group: stop() signals all of it
-            )
-        finally:
-            log.close()
-        self.pgid = self.proc.pid
-        _live_servers.add(self)
+        with self._lock:
+            if self._stop_requested:
+                raise ServerStartError(f"{self.name} was stopped before it started")
+            log = open(self.log_path, "ab", buffering=0)
+            try:
+                self.proc = subprocess.Popen(
+                    self.command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=self.env,
+                    start_new_session=True,  # own process group: stop() signals all of it
+                )
+            finally:
+                log.close()
+            self.pgid = self.proc.pid
+            _live_servers.add(self)
         self._wait_ready()
         return self
 
     def _wait_ready(self) -> None:
         t0 = time.monotonic()
         next_progress = t0 + self.progress_every
+        proc = self.proc
         while True:
             now = time.monotonic()
-            if self.proc.poll() is not None:
+            if self.proc is None:  # stop() was called (e.g. from another thread) meanwhile
+                raise ServerStartError(f"{self.name} was stopped during startup")
+            if proc.poll() is not None:
                 raise ServerStartError(
-                    f"{self.name} exited with code {self.proc.returncode} during startup "
+                    f"{self.name} exited with code {proc.returncode} during startup "
                     f"after {now - t0:.0f} s; last log lines:\n{self.log_tail(40)}"
                 )
             if self.healthy():
@@ -357,7 +366,9 @@ class SGLangServer:
         detokenizer and exits within a few seconds. (A SIGTERM to every process at once makes
         the launcher see its scheduler "crash" and sleep into ~65 s of crash diagnostics.)
         Whatever is left of the group after ``stop_grace`` seconds gets SIGKILL."""
-        proc = self.proc
+        with self._lock:
+            self._stop_requested = True
+            proc = self.proc
         if proc is None:
             return
         _live_servers.discard(self)
@@ -384,7 +395,8 @@ class SGLangServer:
             time.sleep(0.1)
         how = "SIGKILL after grace period" if killed else "SIGTERM"
         self._say(f"stopped (process group {pgid}, {how}) in {time.monotonic() - t0:.1f} s")
-        self.proc = None
+        with self._lock:
+            self.proc = None
 
     # -- logs ---------------------------------------------------------------------------------
 

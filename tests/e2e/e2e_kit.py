@@ -50,8 +50,8 @@ class ServerRecord:
     error: str = ""
 
 
-def start_server(name: str, args: List[str], env: Optional[Dict[str, str]] = None) -> SGLangServer:
-    """Start a server (raises ``ServerStartError``); the caller must ``stop()`` it."""
+def make_server(name: str, args: List[str], env: Optional[Dict[str, str]] = None) -> SGLangServer:
+    """A not yet started server, registered for the timing summary and the no-orphan check."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     record = ServerRecord(name=name, log=str(LOG_DIR / f"{name}.log"))
     STARTED.append(record)
@@ -59,6 +59,18 @@ def start_server(name: str, args: List[str], env: Optional[Dict[str, str]] = Non
     log_path.unlink(missing_ok=True)
     server = SGLangServer(args, env=env, log_path=log_path, name=f"e2e:{name}")
     server._record = record
+    return server
+
+
+def start_server(
+    name: str,
+    args: List[str],
+    env: Optional[Dict[str, str]] = None,
+    server: Optional[SGLangServer] = None,
+) -> SGLangServer:
+    """Start a server (raises ``ServerStartError``, stopping it first); the caller must stop it."""
+    server = server or make_server(name, args, env)
+    record = server._record
     server._t0 = time.monotonic()
     try:
         server.start()
@@ -88,7 +100,7 @@ def assert_served_by_plugin(server: SGLangServer) -> None:
 def stop_server(server: SGLangServer) -> None:
     server.stop()
     record = getattr(server, "_record", None)
-    if record is not None:
+    if record is not None and getattr(server, "_t0", None) is not None:
         record.lifetime_s = time.monotonic() - server._t0
 
 
@@ -105,34 +117,35 @@ class Prefetcher:
     def start(self, name: str, args: List[str], env: Optional[Dict[str, str]] = None) -> None:
         if name in self._pending:
             return
+        server = make_server(name, args, env)
         holder: dict = {}
 
         def run():
             try:
-                holder["server"] = start_server(name, args, env)
+                start_server(name, args, env, server=server)
             except BaseException as exc:  # re-raised by take()
                 holder["error"] = exc
 
         thread = threading.Thread(target=run, name=f"prefetch-{name}", daemon=True)
         thread.start()
-        self._pending[name] = (thread, holder)
+        self._pending[name] = (thread, server, holder)
 
     def take(self, name: str, args: List[str], env: Optional[Dict[str, str]] = None) -> SGLangServer:
         """The prefetched server ``name`` (waiting for its start), or a fresh start."""
         if name not in self._pending:
             return start_server(name, args, env)
-        thread, holder = self._pending.pop(name)
+        thread, server, holder = self._pending.pop(name)
         thread.join()
         if "error" in holder:
             raise holder["error"]
-        return holder["server"]
+        return server
 
     def close(self) -> None:
-        """Stop prefetched servers nobody took (e.g. after ``-x`` stopped the session)."""
-        for thread, holder in self._pending.values():
-            thread.join()
-            if "server" in holder:
-                stop_server(holder["server"])
+        """Stop prefetched servers nobody took (e.g. after ``-x`` ended the session), at once,
+        even mid-startup (the starting thread then sees the stop and ends)."""
+        for thread, server, _ in self._pending.values():
+            stop_server(server)
+            thread.join(timeout=60)
         self._pending.clear()
 
 

@@ -35,6 +35,7 @@ from e2e_kit import (
     SPEC_ORDER,
     SPEC_STATS,
     STREAM_PROMPTS,
+    assert_served_by_plugin,
     chat,
     chat_stream,
     completion,

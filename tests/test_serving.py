@@ -1,0 +1,102 @@
+"""serving.py without SGLang: flags, and start/stop semantics on a stand-in server process."""
+
+import sys
+import textwrap
+import time
+
+import pytest
+
+from sglang_dspark_plugin import serving
+from sglang_dspark_plugin.serving import SGLangServer, ServerStartError, group_members
+
+# A stand-in for launch_server: forks a child into its process group (like SGLang's scheduler),
+# answers /health with 503 for a second, then 200; exits cleanly on SIGTERM.
+FAKE_SERVER = textwrap.dedent(
+    """
+    import http.server, os, signal, subprocess, sys, time
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    t0 = time.time()
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if time.time() - t0 > 1 else 503); self.end_headers()
+        def log_message(self, *a):
+            print("GET", self.path, flush=True)
+    def bye(*_):
+        child.terminate(); child.wait(); os._exit(0)
+    signal.signal(signal.SIGTERM, bye)
+    print("fake server up", flush=True)
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+    """
+)
+
+
+class FakeServer(SGLangServer):
+    def __init__(self, script, **kw):
+        self.script = script
+        super().__init__([], cpu=False, quiet=True, progress_every=1, **kw)
+
+    @property
+    def command(self):
+        return [sys.executable, "-c", self.script, *self.args]
+
+
+def test_start_wait_healthy_and_stop_whole_group(tmp_path):
+    server = FakeServer(FAKE_SERVER, log_path=tmp_path / "fake.log")
+    with server:
+        assert server.healthy()
+        members = group_members(server.pgid)
+        assert len(members) == 2  # launcher + its child, one process group
+        pgid = server.pgid
+    assert group_members(pgid) == []
+    assert not server.alive()
+    server.stop()  # idempotent
+
+
+def test_sigkill_after_grace_when_sigterm_is_ignored(tmp_path):
+    stubborn = FAKE_SERVER.replace("signal.signal(signal.SIGTERM, bye)", "signal.signal(signal.SIGTERM, signal.SIG_IGN)")
+    server = FakeServer(stubborn, log_path=tmp_path / "fake.log", stop_grace=1.0)
+    server.start()
+    pgid = server.pgid
+    t0 = time.monotonic()
+    server.stop()
+    assert time.monotonic() - t0 < 15
+    assert group_members(pgid) == []
+
+
+def test_startup_failure_raises_with_log_tail_and_leaves_nothing(tmp_path):
+    server = FakeServer("import sys; print('boom: bad flag', flush=True); sys.exit(3)", log_path=tmp_path / "f.log")
+    with pytest.raises(ServerStartError, match="boom: bad flag"):
+        with server:
+            pass
+    assert group_members(server.pgid) == []
+
+
+def test_cpu_flags_only_without_gpu():
+    cpu = SGLangServer(["--speculative-algorithm", "DSPARK", "--max-running-requests", "2"], cpu=True)
+    assert "--device" in cpu.args and cpu.env["TRITON_INTERPRET"] == "1"
+    assert "--speculative-draft-attention-backend" in cpu.args
+    # caller's value wins over the CPU default
+    i = cpu.args.index("--max-running-requests")
+    assert cpu.args[i + 1] == "2" and cpu.args.count("--max-running-requests") == 1
+    gpu = SGLangServer(["--attention-backend", "dspark"], cpu=False)
+    assert "--device" not in gpu.args and "--skip-server-warmup" not in gpu.args
+    assert gpu.args[:2] == ["--attention-backend", "dspark"] and "--port" in gpu.args
+
+
+@pytest.mark.parametrize("gamma,ring", [(1, 4), (3, 8), (4, 16), (7, 16), (8, 32)])
+def test_replayssm_ring_is_power_of_two_at_least_twice_the_window(gamma, ring):
+    args = serving.tiny_model_args(gamma, replayssm=True)
+    assert args[args.index("--linear-replayssm-cache-len") + 1] == str(ring)
+    assert "--enable-linear-replayssm-spec" in args
+    assert args[args.index("--speculative-dspark-block-size") + 1] == str(gamma)
+
+
+def test_engine_kwargs():
+    kw = serving.engine_kwargs(["--device", "cpu", "--disable-overlap-schedule", "--max-total-tokens", "2048"])
+    assert kw == {"device": "cpu", "disable_overlap_schedule": True, "max_total_tokens": 2048}
+
+
+def test_free_ports_are_distinct():
+    ports = [serving.find_free_port() for _ in range(5)]
+    assert len(set(ports)) == 5
