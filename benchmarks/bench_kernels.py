@@ -316,9 +316,9 @@ CHECKS = {}  # (kernel, T) -> dict(ok, err, note)
 
 def record(kernel, T, ok, **info):
     prev = CHECKS.get((kernel, T))
-    if prev is not None and not prev["ok"]:
-        ok = False
-        info = {**prev, **info}
+    if prev is not None:
+        ok = ok and prev["ok"]
+        info = {**{k: v for k, v in prev.items() if k != "ok"}, **info}
     CHECKS[(kernel, T)] = dict(ok=bool(ok), **info)
     if not ok:
         log(f"  CHECK FAILED {kernel} T={T}: {info}")
@@ -360,7 +360,14 @@ def check_ours(Ts, H):
                                      **p.ref_verify_kwargs())
             live = [(n, s, r, ln) for n, (s, r, ln) in enumerate(zip(p.extra["slot_list"], p.extra["row_list"],
                                                                    p.extra["lengths"])) if s >= 0]
-            # ring mode
+            # ring mode: the default chunked kernel, its exact-fp32 dot variant and the recurrent one
+            for variant, vkw in (("verify_ring_ieee", dict(dot_precision="ieee")),
+                                 ("verify_ring_rows", dict(impl="rows"))):
+                icw_v, rings_v = p.new_icw(), p.new_rings(L=max(2, triton.next_power_of_2(2 * steps)))
+                out_v = mtp_verify(*p.acts(), intermediate_conv=icw_v, **rings_v, **p.verify_kwargs(), **vkw)
+                sync()
+                e_v = rel_err(out_v, out_r)
+                record(variant, T, e_v <= tol[dt] and not out_v.isnan().any(), **{f"out_{dname(dt)}_{lbname(lb)}": e_v})
             icw, rings = p.new_icw(), p.new_rings(L=max(2, triton.next_power_of_2(2 * steps)))
             out = mtp_verify(*p.acts(), intermediate_conv=icw, **rings, **p.verify_kwargs())
             sync()
@@ -570,8 +577,13 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
         if not ring and not snapshot:
             continue
         for cfg in configs.get(kname, [{}]):
+            ck = kname
+            if ring and cfg.get("impl") == "rows":
+                ck = "verify_ring_rows"
+            elif ring and cfg.get("dot_precision") == "ieee":
+                ck = "verify_ring_ieee"
             out.append((kname, "ours", cfg, [lambda i=i, c=cfg, r=ring: ours_verify(i, pool, T, r, c) for i in insts],
-                        None if ok(kname, T) else "check failed"))
+                        None if ok(ck, T) else "check failed"))
         for upn, fn, keys in (("up_verify_unfused", up.verify_unfused, ("conv", "recurrent")),
                               ("up_verify_fused", up.verify_fused, ("fused_verify",))):
             if not up.has(*keys):
@@ -637,7 +649,7 @@ def run(args):
     os.makedirs(out_dir, exist_ok=True)
 
     Ns = [int(x) for x in args.N.split(",")] if args.N else ([8, 64, 256] if args.quick else [1, 8, 32, 64, 128, 256])
-    Hs = [int(x) for x in args.H.split(",")] if args.H else ([32] if args.quick else [12, 32])
+    Hs = [int(x) for x in args.H.split(",")] if args.H else ([32] if args.quick else [32, 12])
     Ts = [int(x) for x in args.T.split(",")] if args.T else ([1, 4, 8] if args.quick else [1, 4, 8, 16])
     if INTERPRET:
         Ns, Hs, Ts = [1, 2], [2], [t for t in Ts if t <= 4][:2]
@@ -682,6 +694,8 @@ def run(args):
     configs = {}
     if args.sweep:
         configs = sweep_configs()
+    elif args.candidates:
+        configs = candidate_configs()
 
     def add(kernel, who, H, N, T, us, cfg=None, note=None):
         kind = kernel.replace("up_", "").replace("_unfused", "").replace("_fused", "")
@@ -713,6 +727,11 @@ def run(args):
         tc = time.time()
         precompile(points, args, configs, {f"{k}@{t}": v["ok"] for (k, t), v in CHECKS.items()})
         log(f"precompile ({args.jobs} processes) {time.time() - tc:.1f}s")
+    if args.wait_file:  # e.g. a test run sharing the GPU: start timing only once it is done
+        tw = time.time()
+        while not os.path.exists(args.wait_file) and time.time() - tw < 240:
+            time.sleep(2)
+        log(f"waited {time.time() - tw:.0f}s for {args.wait_file}")
     partial = os.path.join(out_dir, f"bench_kernels{args.tag}.partial.json")
     for H, N, T in points:
         if args.budget and time.time() - t0 > args.budget:
@@ -738,14 +757,15 @@ def run(args):
     noise = []
     if not INTERPRET and not args.sweep:
         for kernel in ("verify_ring", "fold"):
-            cand = [r for r in rows if r["kernel"] == kernel and r["us"] is not None and r["N"] == 64]
+            cand = [r for r in rows if r["kernel"] == kernel and r["us"] is not None and r["N"] == 64 and r["H"] == 32]
             if cand:
                 r0 = cand[-1]
                 pool, insts = make_pool(r0["H"], r0["N"], r0["T"], rotations(r0["N"], r0["H"]), False)
+                c0 = r0["cfg"] or {}
                 if kernel == "verify_ring":
-                    calls = [lambda i=i: ours_verify(i, pool, r0["T"], True, {}) for i in insts]
+                    calls = [lambda i=i: ours_verify(i, pool, r0["T"], True, c0) for i in insts]
                 else:
-                    calls = [lambda i=i: ours_fold(i, pool, False, {}) for i in insts]
+                    calls = [lambda i=i: ours_fold(i, pool, False, c0) for i in insts]
                 us2 = time_graph(calls, rep)
                 noise.append(dict(kernel=kernel, H=r0["H"], N=r0["N"], T=r0["T"], first=r0["us"], second=us2))
                 del pool, insts
@@ -765,8 +785,12 @@ def run(args):
         print(f"noise: {n_['kernel']} H={n_['H']} N={n_['N']} T={n_['T']}: {n_['first']:.2f} vs {n_['second']:.2f} us")
     print(f"copy bandwidth {bw:.3f} TB/s; {env.get('gpu', 'cpu')}; torch {env['torch']} triton {env['triton']}; "
           f"{time.time() - t0:.0f}s")
-    if args.sweep:
-        print(sweep_summary(rows))
+    if args.sweep or args.candidates:
+        summ = sweep_summary(rows)
+        with open(os.path.join(out_dir, f"bench_kernels{args.tag}.log"), "a") as f:
+            f.write("\n== best configuration per point ==\n" + summ + "\n")
+        if args.sweep:
+            print(summ)
     print(table["text"])
     failed = [f"{k}@T{t}" for (k, t), v in CHECKS.items() if not v["ok"]]
     if failed:
@@ -850,6 +874,26 @@ def sweep_configs():
     )
 
 
+def candidate_configs():
+    """Launch configurations timed at every point of the final table (the launch table picks among
+    them per shape class; see sglang_dspark_plugin/kernels/launch_config.py)."""
+    return dict(
+        verify_ring=[dict(block_v=32, block_k=32, num_warps=4, num_stages=2),
+                     dict(block_v=64, block_k=32, num_warps=4, num_stages=1),
+                     dict(block_v=64, block_k=32, num_warps=4, num_stages=2),
+                     dict(block_v=128, block_k=32, num_warps=8, num_stages=1),
+                     dict(block_v=64, block_k=32, num_warps=4, num_stages=1, dot_precision="ieee"),
+                     dict(impl="rows", block_v=32, num_warps=4),
+                     dict(impl="rows", block_v=16, num_warps=4)],
+        verify_snapshot=[dict(block_v=32, block_k=16, num_warps=4), dict(impl="rows", block_v=32, num_warps=4)],
+        fold=[dict(block_v=16, block_k=16, num_warps=8), dict(block_v=32, block_k=16, num_warps=4),
+              dict(impl="tiled_b", block_v=16, block_k=16, num_warps=4), dict(impl="rows", block_v=16, num_warps=4),
+              dict(impl="rows", block_v=32, num_warps=2)],
+        decode=[dict(block_v=128, block_k=16, num_warps=8), dict(block_v=64, block_k=16, num_warps=8),
+                dict(impl="rows", block_v=32, num_warps=1), dict(impl="rows", block_v=32, num_warps=4)],
+    )
+
+
 def sweep_summary(rows):
     """Best configuration per (kernel, H, N, T) and the spread over configurations."""
     lines = []
@@ -875,13 +919,16 @@ def main():
     ap.add_argument("--H", default=None, help="comma list of head counts")
     ap.add_argument("--T", default=None, help="comma list of window lengths (1 = decode)")
     ap.add_argument("--rep", type=int, default=100, help="do_bench rep (ms)")
-    ap.add_argument("--sweep", action="store_true", help="time several launch configs of our kernels")
+    ap.add_argument("--sweep", action="store_true", help="time many launch configs of our kernels (tuning)")
+    ap.add_argument("--candidates", action="store_true",
+                    help="time the few candidate launch configs of the launch table at every point")
     ap.add_argument("--no-upstream", action="store_true")
     ap.add_argument("--no-snapshot", action="store_true", help="skip snapshot-mode verify (saves memory/time)")
     ap.add_argument("--upstream-root", default=None, help="staged sglang kernels (default .whl/upstream)")
     ap.add_argument("--jobs", type=int, default=8, help="processes that compile every kernel first (1 = none)")
     ap.add_argument("--budget", type=float, default=0, help="stop timing new points after this many seconds")
     ap.add_argument("--tag", default="", help="suffix of the output file names")
+    ap.add_argument("--wait-file", default=None, help="wait for this file to exist before timing")
     args = ap.parse_args()
     sys.exit(run(args))
 

@@ -32,8 +32,11 @@ def _decode_kernel(
     H, lower_bound, scale,
     s_q_t, s_q_h, s_k_t, s_k_h, s_v_t, s_v_h, s_a_t, s_a_h, s_b_t, s_b_h, s_o_t, s_o_h,
     s_w, s_ssm_slot, s_conv_slot, s_conv_row,
-    BV: tl.constexpr, ACT_BF16: tl.constexpr, USE_LB: tl.constexpr,
+    BV: tl.constexpr, ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # programmatic dependent launch: reads wait for the producer kernel
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     h = tl.program_id(1)
     KD: tl.constexpr = 128
@@ -182,7 +185,8 @@ def decode(
     if impl not in (None, "auto", "tiled", "rows"):
         raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "tiled" or "rows"', got=repr(impl),
                              fix="leave impl=None")
-    kernel, extra = (_decode_kernel, {}) if impl == "rows" else (_tiled_decode_kernel, dict(KS=KS))
+    kernel, extra = ((_decode_kernel, dict(LC.pdl_kwargs(dev))) if impl == "rows"
+                     else (_tiled_decode_kernel, dict(KS=KS, **LC.pdl_kwargs(dev))))
     kernel[(B, H)](
         q, k, v, a, b, out,
         conv_weight, A_flat, dt_flat,

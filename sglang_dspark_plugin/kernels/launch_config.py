@@ -19,6 +19,18 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def pdl_kwargs(device) -> dict:
+    """Programmatic dependent launch (sm90+, compiled only): the kernel's grid is scheduled while
+    the previous kernel on the stream finishes; the kernels wait (``gdc_wait``) before any access."""
+    if interpreting() or device.type != "cuda":
+        return {}
+    import torch
+
+    if torch.cuda.get_device_capability(device)[0] < 9 or os.environ.get("DSPARK_KERNELS_PDL", "1") == "0":
+        return {}
+    return dict(USE_PDL=True, launch_pdl=True)
+
+
 def _programs(N: int, H: int) -> int:
     return max(1, N) * max(1, H)
 

@@ -139,8 +139,11 @@ def _mtp_verify_kernel(
     s_rv_slot, s_rv_h, s_rv_t, s_rk_slot, s_rk_h, s_rk_t,
     s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t,
     STEPS: tl.constexpr, BV: tl.constexpr, ACT_BF16: tl.constexpr,
-    USE_LB: tl.constexpr, SNAPSHOT: tl.constexpr, RING: tl.constexpr,
+    USE_LB: tl.constexpr, SNAPSHOT: tl.constexpr, RING: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # programmatic dependent launch: reads wait for the producer kernel
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     iv = tl.program_id(0)
     n = tl.program_id(1)
     h = tl.program_id(2)
@@ -424,7 +427,7 @@ def mtp_verify(
             intermediate_rows=intermediate_rows, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
             ring_beta=ring_beta, N=N, T=T, H=H, steps=steps, act_bf16=act == torch.bfloat16,
             block_v=max(16, BV), block_k=max(16, BK), num_warps=warps, num_stages=stages,
-            dot_precision=dot_precision or "tf32x3")
+            dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"), pdl=bool(LC.pdl_kwargs(dev)))
     extra = {} if stages is None else dict(num_stages=stages)
     if impl == "tiled" and snapshot:
         from .tiled import _verify_snapshot_kernel
@@ -442,7 +445,7 @@ def mtp_verify(
             intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
             intermediate_ssm.stride(0), intermediate_ssm.stride(1),
             STEPS=steps, BV=BV, KS=max(4, BK), ACT_BF16=act == torch.bfloat16,
-            USE_LB=lower_bound is not None, num_warps=warps, **extra,
+            USE_LB=lower_bound is not None, num_warps=warps, **extra, **LC.pdl_kwargs(dev),
         )
         return out
 
@@ -473,7 +476,7 @@ def mtp_verify(
         *ring_strides,
         STEPS=steps, BV=BV, ACT_BF16=act == torch.bfloat16,
         USE_LB=lower_bound is not None, SNAPSHOT=snapshot, RING=ring,
-        num_warps=warps, **extra,
+        num_warps=warps, **extra, **LC.pdl_kwargs(dev),
     )
     return out
 

@@ -5,9 +5,9 @@ Ring mode only needs the window's outputs (never a state), so per (request, head
 ``T``, state ``S0 [V, K]``, normalised ``q_t``/``k_t``, per-K decays ``alpha_t = exp(g_t)`` and
 ``beta_t``::
 
-    E[t, s, :] = prod_{s < j <= t} alpha_j              (t >= s; a cumulative product, never an
-                                                        exp of a cumsum difference: no overflow
-                                                        and no cancellation in long windows)
+    E[t, s, :] = prod_{s < j <= t} alpha_j              (t >= s; running products advanced token by
+                                                        token, never an exp of a cumsum difference:
+                                                        no overflow, no cancellation in long windows)
     A[s, r]   = sum_K k_s k_r E[s, r]      (r < s)       M[t, s] = sum_K q_t k_s E[t, s] (s <= t)
     Tinv      = (I + diag(beta) A)^-1                    (unit lower triangular, by doubling)
     P         = M Tinv diag(beta)
@@ -91,8 +91,13 @@ def _mtp_verify_wy_kernel(
     s_rv_slot, s_rv_h, s_rv_t, s_rk_slot, s_rk_h, s_rk_t,
     s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t,
     STEPS: tl.constexpr, TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
-    ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, DOT_PREC: tl.constexpr,
+    ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:
+        # programmatic dependent launch: this grid is scheduled while the producer finishes;
+        # every read waits here for it (and our dependents may launch at once, they wait too)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     iv = tl.program_id(0)
     n = tl.program_id(1)
     h = tl.program_id(2)
@@ -125,7 +130,6 @@ def _mtp_verify_wy_kernel(
         cbase = conv_ptr + slot * s_conv_slot
         icw_base = icw_ptr + row * s_icw_row + offs_t.to(tl.int64)[:, None] * s_icw_step
         icw_ty = icw_ptr.dtype.element_ty
-        m_icw = live[:, None] & is_v0
         A = tl.exp(tl.load(A_log_ptr + h))
         beta = tl.where(live, _sigmoid(tl.load(b_ptr + (bos + offs_t).to(tl.int64) * s_b_t + h64 * s_b_h,
                                                 mask=live, other=0.0).to(tl.float32)), 0.0)
@@ -133,64 +137,89 @@ def _mtp_verify_wy_kernel(
         k_base = k_ptr + h64 * s_k_h
         a_base = a_ptr + h64 * s_a_h
         s_base = ssm_ptr + slot * s_ssm_slot + h64 * (KD * KD) + offs_v[:, None] * KD
-        rk_base = rk_ptr + slot * s_rk_slot + h64 * s_rk_h + offs_t.to(tl.int64)[:, None] * s_rk_t
-        rg_base = rg_ptr + slot * s_rg_slot + h64 * s_rg_h + offs_t.to(tl.int64)[:, None] * s_rg_t
 
         ssq_q = tl.zeros([TP], dtype=tl.float64)  # fp64 like mtp_verify._l2norm
         ssq_k = tl.zeros([TP], dtype=tl.float64)
         A_raw = tl.zeros([TP, TP], dtype=tl.float32)
         M_raw = tl.zeros([TP, TP], dtype=tl.float32)
         acc = tl.zeros([BV, NC], dtype=tl.float32)
-        pair_lo = offs_t[:, None, None] > offs_t[None, :, None]  # j > s (factor alpha_j enters E[t, s])
+        rows = offs_t[:, None]
+        rk_tile = rk_ptr + slot * s_rk_slot + h64 * s_rk_h + offs_t.to(tl.int64)[:, None] * s_rk_t
+        rg_tile = rg_ptr + slot * s_rg_slot + h64 * s_rg_h + offs_t.to(tl.int64)[:, None] * s_rg_t
         for c in range(0, KD, BK):
             offs_c = c + tl.arange(0, BK)
             ch_q = h * KD + offs_c
             ch_k = H * KD + h * KD + offs_c
-            # conv inputs x_{t-3} .. x_t of the q and k channels of this K-chunk
-            xq3 = _shift_load(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 3)
-            xq2 = _shift_load(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 2)
-            xq1 = _shift_load(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 1)
-            xq0 = _shift_load(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 0)
-            xk3 = _shift_load(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 3)
-            xk2 = _shift_load(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 2)
-            xk1 = _shift_load(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 1)
-            xk0 = _shift_load(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 0)
             wq = w_ptr + ch_q.to(tl.int64) * s_w
             wk = w_ptr + ch_k.to(tl.int64) * s_w
-            yq = _round_act(_conv_silu(xq3, xq2, xq1, xq0, tl.load(wq)[None, :], tl.load(wq + 1)[None, :],
-                                       tl.load(wq + 2)[None, :], tl.load(wq + 3)[None, :]), ACT_BF16)
-            yk = _round_act(_conv_silu(xk3, xk2, xk1, xk0, tl.load(wk)[None, :], tl.load(wk + 1)[None, :],
-                                       tl.load(wk + 2)[None, :], tl.load(wk + 3)[None, :]), ACT_BF16)
-            # intermediate conv windows (after token t: x_{t-2}, x_{t-1}, x_t) and the k ring
-            ic = icw_base
-            tl.store(ic + ch_q[None, :], xq2.to(icw_ty), mask=m_icw)
-            tl.store(ic + s_icw_win + ch_q[None, :], xq1.to(icw_ty), mask=m_icw)
-            tl.store(ic + 2 * s_icw_win + ch_q[None, :], xq0.to(icw_ty), mask=m_icw)
-            tl.store(ic + ch_k[None, :], xk2.to(icw_ty), mask=m_icw)
-            tl.store(ic + s_icw_win + ch_k[None, :], xk1.to(icw_ty), mask=m_icw)
-            tl.store(ic + 2 * s_icw_win + ch_k[None, :], xk0.to(icw_ty), mask=m_icw)
-            tl.store(rk_base + offs_c[None, :], yk.to(rk_ptr.dtype.element_ty), mask=m_icw)
+            wq0, wq1, wq2, wq3 = tl.load(wq), tl.load(wq + 1), tl.load(wq + 2), tl.load(wq + 3)
+            wk0, wk1, wk2, wk3 = tl.load(wk), tl.load(wk + 1), tl.load(wk + 2), tl.load(wk + 3)
+            dtb = tl.load(dt_bias_ptr + h * KD + offs_c)
+            # conv windows of this K-chunk (row 0 oldest), shifted token by token below
+            q0 = tl.load(cbase + ch_q).to(tl.float32)
+            q1 = tl.load(cbase + s_conv_row + ch_q).to(tl.float32)
+            q2 = tl.load(cbase + 2 * s_conv_row + ch_q).to(tl.float32)
+            k0 = tl.load(cbase + ch_k).to(tl.float32)
+            k1 = tl.load(cbase + s_conv_row + ch_k).to(tl.float32)
+            k2 = tl.load(cbase + 2 * s_conv_row + ch_k).to(tl.float32)
+            if is_v0:
+                # conv windows after each token (x_{t-2}, x_{t-1}, x_t), raw k and g rings: whole
+                # [T, BK] tiles here (stores inside the token loop below cost registers)
+                xq2 = _shift_load(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 2)
+                xq1 = _shift_load(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 1)
+                xq0 = _shift_load(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 0)
+                m_tile = live[:, None]
+                tl.store(icw_base + ch_q[None, :], xq2.to(icw_ty), mask=m_tile)
+                tl.store(icw_base + s_icw_win + ch_q[None, :], xq1.to(icw_ty), mask=m_tile)
+                tl.store(icw_base + 2 * s_icw_win + ch_q[None, :], xq0.to(icw_ty), mask=m_tile)
+                xk3 = _shift_load(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 3)
+                xk2 = _shift_load(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 2)
+                xk1 = _shift_load(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 1)
+                xk0 = _shift_load(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 0)
+                tl.store(icw_base + ch_k[None, :], xk2.to(icw_ty), mask=m_tile)
+                tl.store(icw_base + s_icw_win + ch_k[None, :], xk1.to(icw_ty), mask=m_tile)
+                tl.store(icw_base + 2 * s_icw_win + ch_k[None, :], xk0.to(icw_ty), mask=m_tile)
+                ykt = _round_act(_conv_silu(xk3, xk2, xk1, xk0, wk0[None, :], wk1[None, :], wk2[None, :],
+                                            wk3[None, :]), ACT_BF16)
+                tl.store(rk_tile + offs_c[None, :], ykt.to(rk_ptr.dtype.element_ty), mask=m_tile)
+                at = tl.load(a_base + (bos + offs_t).to(tl.int64)[:, None] * s_a_t + offs_c[None, :],
+                             mask=m_tile, other=0.0).to(tl.float32)
+                tl.store(rg_tile + offs_c[None, :], _kda_gate(at, dtb[None, :], A, lower_bound, USE_LB), mask=m_tile)
+            # W[s] = k_s o prod_{s < j <= t} alpha_j, advanced one token at a time: the pairwise
+            # decays are running products (no exp of a cumsum difference, no scan)
+            Wr = tl.zeros([TP, BK], dtype=tl.float32)
+            Qe = tl.zeros([TP, BK], dtype=tl.float32)  # q_t o e^{G_t}
+            Ke = tl.zeros([TP, BK], dtype=tl.float32)  # k_t o e^{G_t}
+            pre = tl.full([BK], 1.0, dtype=tl.float32)  # e^{G_t} = prod_{j <= t} alpha_j
+            for t in tl.static_range(STEPS):
+                live_t = t < n_tok
+                tok = (bos + t).to(tl.int64)
+                xq = tl.load(q_base + tok * s_q_t + offs_c, mask=(offs_c < KD) & live_t, other=0.0).to(tl.float32)
+                xk = tl.load(k_base + tok * s_k_t + offs_c, mask=(offs_c < KD) & live_t, other=0.0).to(tl.float32)
+                yq = tl.where(live_t, _round_act(_conv_silu(q0, q1, q2, xq, wq0, wq1, wq2, wq3), ACT_BF16), 0.0)
+                yk = tl.where(live_t, _round_act(_conv_silu(k0, k1, k2, xk, wk0, wk1, wk2, wk3), ACT_BF16), 0.0)
+                q0, q1, q2 = q1, q2, xq
+                k0, k1, k2 = k1, k2, xk
+                a_t = tl.load(a_base + tok * s_a_t + offs_c, mask=(offs_c < KD) & live_t, other=0.0).to(tl.float32)
+                g = _kda_gate(a_t, dtb, A, lower_bound, USE_LB)
+                alpha = tl.where(live_t, tl.exp(g), 1.0)
 
-            # gates of this K-chunk; rows past the request contribute nothing (g = 0, y = 0)
-            a_t = tl.load(a_base + (bos + offs_t).to(tl.int64)[:, None] * s_a_t + offs_c[None, :],
-                          mask=live[:, None], other=0.0).to(tl.float32)
-            g = _kda_gate(a_t, tl.load(dt_bias_ptr + h * KD + offs_c)[None, :], A, lower_bound, USE_LB)
-            g = tl.where(live[:, None], g, 0.0)
-            tl.store(rg_base + offs_c[None, :], g, mask=m_icw)
-            alpha = tl.exp(g)
-            eG = tl.cumprod(alpha, axis=0)  # e^{G_t}: decay from the window start through token t
-            E = tl.cumprod(tl.where(pair_lo, alpha[:, None, :], 1.0), axis=0)  # E[t, s] (t >= s)
-
-            yqd = yq.to(tl.float64)
-            ykd = yk.to(tl.float64)
-            ssq_q += tl.sum(yqd * yqd, axis=1)
-            ssq_k += tl.sum(ykd * ykd, axis=1)
-            kE = yk[None, :, :] * E
-            A_raw += tl.sum(yk[:, None, :] * kE, axis=2)
-            M_raw += tl.sum(yq[:, None, :] * kE, axis=2)
+                sel = rows == t
+                Wr = tl.where(rows < t, Wr * alpha[None, :], tl.where(sel, yk[None, :], Wr))
+                pre = pre * alpha
+                Qe = tl.where(sel, (yq * pre)[None, :], Qe)
+                Ke = tl.where(sel, (yk * pre)[None, :], Ke)
+                A_t = tl.sum(Wr * yk[None, :], axis=1)  # [s]: sum_K k_t k_s prod alpha (s <= t)
+                M_t = tl.sum(Wr * yq[None, :], axis=1)
+                A_raw = tl.where(sel, A_raw + A_t[None, :], A_raw)
+                M_raw = tl.where(sel, M_raw + M_t[None, :], M_raw)
+                yqd = yq.to(tl.float64)
+                ykd = yk.to(tl.float64)
+                ssq_q = tl.where(offs_t == t, ssq_q + tl.sum(yqd * yqd, axis=0), ssq_q)
+                ssq_k = tl.where(offs_t == t, ssq_k + tl.sum(ykd * ykd, axis=0), ssq_k)
 
             # S0 [BV, BK] x [(q o e^G)^T | (k o e^G)^T] [BK, 2T]: both state products in one dot
-            qk = tl.reshape(tl.join(tl.trans(yq * eG), tl.trans(yk * eG)), [BK, 2 * TP])
+            qk = tl.reshape(tl.join(tl.trans(Qe), tl.trans(Ke)), [BK, 2 * TP])
             S0 = tl.load(s_base + offs_c[None, :])
             acc = tl.dot(S0, _pad16_cols(qk, 2 * TP), acc, input_precision=DOT_PREC)
 
@@ -247,11 +276,14 @@ def _mtp_verify_wy_kernel(
 def launch_verify_ring_wy(q, k, v, a, b, out, *, conv_weight, A_flat, dt_flat, lower_bound, scale, ssm_state,
                           conv_state, slot_indices, cu_seqlens, intermediate_conv, intermediate_rows,
                           ring_rawv, ring_rawk, ring_g, ring_beta, N, T, H, steps, act_bf16,
-                          block_v=128, block_k=32, num_warps=4, num_stages=None, dot_precision="tf32x3"):
+                          block_v=128, block_k=32, num_warps=4, num_stages=None, dot_precision="tf32x3",
+                          pdl=False):
     """Launch :func:`_mtp_verify_wy_kernel` on already validated arguments (see ``mtp_verify``)."""
     TP = max(2, triton.next_power_of_2(steps))
     rv, rk, rg, rb = ring_rawv, ring_rawk, ring_g, ring_beta
     kw = dict(num_warps=num_warps)
+    if pdl:
+        kw.update(USE_PDL=True, launch_pdl=True)
     if num_stages is not None:
         kw["num_stages"] = num_stages
     grid = (128 // block_v, N, H)

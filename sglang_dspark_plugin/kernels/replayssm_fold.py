@@ -37,8 +37,11 @@ def _replayssm_fold_kernel(
     s_rb_layer, s_rb_slot, s_rb_h, s_rb_t,
     s_conv_layer, s_conv_slot, s_conv_row,
     s_icw_layer, s_icw_row, s_icw_step, s_icw_win,
-    BV: tl.constexpr, CONV: tl.constexpr, TRACK: tl.constexpr,
+    BV: tl.constexpr, CONV: tl.constexpr, TRACK: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # programmatic dependent launch: reads wait for the producer kernel
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     iv = tl.program_id(0)
     n = tl.program_id(1)
     lh = tl.program_id(2)
@@ -232,8 +235,8 @@ def replayssm_fold(
     tslot_ptr, tstep_ptr = (track_slot_indices, track_steps) if track else (slot_indices, slot_indices)
 
     grid = (V.HEAD_DIM // BV, N, layers * H)
-    kernel, extra = ((_replayssm_fold_kernel, {}) if impl == "rows"
-                     else (_tiled_fold_kernel, dict(KS=KS, BCAST=impl == "tiled_b")))
+    kernel, extra = ((_replayssm_fold_kernel, dict(LC.pdl_kwargs(dev))) if impl == "rows"
+                     else (_tiled_fold_kernel, dict(KS=KS, BCAST=impl == "tiled_b", **LC.pdl_kwargs(dev))))
     kernel[grid](
         ssm_state, rv, rk, rg, rb, slot_indices, accept_lens,
         conv_ptr, icw_ptr, irow_ptr, tslot_ptr, tstep_ptr,

@@ -68,8 +68,11 @@ def _fold_kernel(
     s_conv_layer, s_conv_slot, s_conv_row,
     s_icw_layer, s_icw_row, s_icw_step, s_icw_win,
     BV: tl.constexpr, KS: tl.constexpr, CONV: tl.constexpr, TRACK: tl.constexpr,
-    BCAST: tl.constexpr = False,
+    BCAST: tl.constexpr = False, USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # programmatic dependent launch (see mtp_verify_wy): reads wait for the producer
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     iv = tl.program_id(0)
     n = tl.program_id(1)
     lh = tl.program_id(2)
@@ -95,10 +98,9 @@ def _fold_kernel(
         rk_base = rk_ptr + layer * s_rk_layer + slot * s_rk_slot + h64 * s_rk_h
         rg_base = rg_ptr + layer * s_rg_layer + slot * s_rg_slot + h64 * s_rg_h
         rb_base = rb_ptr + layer * s_rb_layer + slot * s_rb_slot + h64 * s_rb_h
-        if BCAST:
-            # per-K vectors loaded straight into the tile's [KC, BV, KS] layout (replicated over
-            # rows), so the loop keeps the tile's register layout (rows across lanes)
-            bcast = k3 + 0 * offs_v[None, :, None]
+        # BCAST: per-K vectors loaded straight into the tile's [KC, BV, KS] layout (replicated over
+        # rows), so the loop keeps the tile's register layout (rows across lanes)
+        bcast = k3 + 0 * offs_v[None, :, None]
         for t in range(n_acc):
             if BCAST:
                 kraw = tl.load(rk_base + t * s_rk_t + k3).to(tl.float32)
@@ -150,7 +152,11 @@ def _decode_kernel(
     s_q_t, s_q_h, s_k_t, s_k_h, s_v_t, s_v_h, s_a_t, s_a_h, s_b_t, s_b_h, s_o_t, s_o_h,
     s_w, s_ssm_slot, s_conv_slot, s_conv_row,
     BV: tl.constexpr, KS: tl.constexpr, ACT_BF16: tl.constexpr, USE_LB: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # programmatic dependent launch (see mtp_verify_wy): reads wait for the producer
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     h = tl.program_id(1)
     KD: tl.constexpr = 128
@@ -248,8 +254,11 @@ def _verify_snapshot_kernel(
     s_icw_row, s_icw_step, s_icw_win,
     s_issm_row, s_issm_step,
     STEPS: tl.constexpr, BV: tl.constexpr, KS: tl.constexpr, ACT_BF16: tl.constexpr,
-    USE_LB: tl.constexpr,
+    USE_LB: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    if USE_PDL:  # programmatic dependent launch (see mtp_verify_wy): reads wait for the producer
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     iv = tl.program_id(0)
     n = tl.program_id(1)
     h = tl.program_id(2)

@@ -52,7 +52,10 @@ def test_verify_equals_sequential_decode(dtype, lb):
         idx = torch.arange(p.N, device=p.q.device) * steps + t  # token t of every request
         q, k, v, a, b = (x[:, idx] for x in p.acts())
         out_d = decode(q, k, v, a, b, **p.params(), ssm_state=ssm, conv_state=conv, slot_indices=p.slot_indices)
-        assert rel_err(out_d, out_v[:, idx]) <= 1e-6, (t, rel_err(out_d, out_v[:, idx]))
+        # compiled, decode and verify are different kernels (register layouts, reduction order):
+        # fp32 agrees to rounding, bf16 outputs may flip the last bit of a few elements
+        bar = 1e-6 if dtype == torch.float32 else 1e-3
+        assert rel_err(out_d, out_v[:, idx]) <= bar, (t, rel_err(out_d, out_v[:, idx]))
     for n, (slot, row) in enumerate(zip(p.extra["slot_list"], p.extra["row_list"])):
         assert rel_err(ssm[slot], issm[row, steps - 1]) <= 1e-6
         assert torch.equal(conv[slot], icw[row, steps - 1])
