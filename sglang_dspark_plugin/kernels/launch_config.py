@@ -35,6 +35,11 @@ def _programs(N: int, H: int) -> int:
     return max(1, N) * max(1, H)
 
 
+def verify_ring_impl(steps: int) -> str:
+    """Ring mode kernel: "wy" (chunked, tl.dot over the window) or "rows" (recurrent)."""
+    return "wy" if steps <= 8 else "rows"
+
+
 def verify_ring(H: int, N: int, steps: int) -> dict:
     """WY (chunked) ring-mode verify: one program per (request, head, V-tile)."""
     if interpreting():
@@ -42,13 +47,11 @@ def verify_ring(H: int, N: int, steps: int) -> dict:
     # Few (request, head) pairs: split V so that the grid covers the 132 SMs (latency-bound);
     # many: one program per head so the T x T work is not repeated per V-tile.
     nh = _programs(N, H)
-    if nh <= 64:
-        bv = 32
-    elif nh <= 512:
-        bv = 64
-    else:
-        bv = 128
-    return dict(block_v=bv, block_k=32, num_warps=4, num_stages=1)
+    if nh <= 128:
+        return dict(block_v=32, block_k=32, num_warps=4, num_stages=2)
+    if nh <= 1024:
+        return dict(block_v=64, block_k=32, num_warps=4, num_stages=1)
+    return dict(block_v=128, block_k=32, num_warps=8, num_stages=1)
 
 
 def verify_snapshot(H: int, N: int, steps: int) -> dict:
@@ -62,11 +65,11 @@ def fold(H: int, N: int, layers: int) -> dict:
     """ReplaySSM fold: one program per (request, layer, head, V-tile)."""
     if interpreting():
         return dict(block_v=128, block_k=16, num_warps=4)
-    return dict(block_v=32, block_k=16, num_warps=4)
+    return dict(block_v=16, block_k=16, num_warps=8)
 
 
 def decode(H: int, N: int) -> dict:
     """Decode: one program per (request, head), looping over V-tiles of ``block_v`` rows."""
     if interpreting():
         return dict(block_v=128, block_k=16, num_warps=4)
-    return dict(block_v=32, block_k=16, num_warps=4)
+    return dict(block_v=128, block_k=16, num_warps=8)

@@ -484,7 +484,9 @@ def mtp_verify(
 def _pick_impl(impl: Optional[str], ring: bool, steps: int) -> str:
     """"wy" (chunked ring verify), "tiled" (K-tiled recurrent) or "rows" (original recurrent)."""
     if impl in (None, "auto"):
-        return "wy" if ring else "tiled"
+        if ring:
+            return LC.verify_ring_impl(steps)
+        return "tiled"
     if impl not in ("wy", "tiled", "rows"):
         raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto", "wy", "tiled" or "rows"', got=repr(impl),
                              fix="leave impl=None")
