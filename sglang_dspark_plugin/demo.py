@@ -101,11 +101,6 @@ def run(
                 f"/{meta.get('spec_num_proposed_drafts')}, accepted-drafts histogram "
                 f"{meta.get('spec_correct_drafts_histogram')} (index = drafts accepted in a step)"
             )
-            info = server.get_json("/server_info")
-            states = info.get("internal_states") or [{}]
-            avg = states[0].get("avg_spec_accept_length")
-            if avg is not None:
-                _say(f"server average accept length so far (incl. warmup): {avg:.2f}")
             if not same:
                 _say(f"ERROR: /generate replay differs from the chat answer: {out['text']!r}")
                 return 1
