@@ -145,8 +145,8 @@ def decode(
         Tuning knobs (defaults from :mod:`.launch_config`): V-tile looped inside the program
         (128 = the whole state tile at once), warps, K sub-row of the tiled state layout (4..128).
     impl : str, optional
-        ``None``/``"tiled"``: the K-tiled kernel of :mod:`.tiled`; ``"rows"``: the original
-        ``[block_v, 128]`` kernel below.
+        ``None``: the launch table's choice (``"rows"``, the ``[block_v, 128]`` kernel below:
+        fastest measured on the H200); ``"tiled"``: the experimental K-tiled kernel of :mod:`.tiled`.
 
     Returns
     -------
@@ -185,6 +185,7 @@ def decode(
     if impl not in (None, "auto", "tiled", "rows"):
         raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "tiled" or "rows"', got=repr(impl),
                              fix="leave impl=None")
+    impl = LC.decode_impl() if impl in (None, "auto") else impl
     kernel, extra = ((_decode_kernel, dict(LC.pdl_kwargs(dev))) if impl == "rows"
                      else (_tiled_decode_kernel, dict(KS=KS, **LC.pdl_kwargs(dev))))
     kernel[(B, H)](

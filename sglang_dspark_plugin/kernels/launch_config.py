@@ -36,16 +36,15 @@ def _programs(N: int, H: int) -> int:
 
 
 def verify_ring_impl(steps: int) -> str:
-    """Ring mode kernel: "wy" (chunked, tl.dot over the window) or "rows" (recurrent)."""
-    return "wy" if steps <= 8 else "rows"
+    """Ring-mode kernel. "rows": the recurrent [block_v, 128] kernel (default: fastest measured on
+    the H200, see docs/benchmarks.md); "wy": the chunked form (opt-in, ``impl="wy"``)."""
+    return "rows"
 
 
 def verify_ring(H: int, N: int, steps: int) -> dict:
-    """WY (chunked) ring-mode verify: one program per (request, head, V-tile)."""
+    """Chunked (WY) ring-mode verify, when asked for with ``impl="wy"``."""
     if interpreting():
         return dict(block_v=128, block_k=64, num_warps=4, num_stages=1)
-    # Few (request, head) pairs: split V so that the grid covers the 132 SMs (latency-bound);
-    # many: one program per head so the T x T work is not repeated per V-tile.
     nh = _programs(N, H)
     if nh <= 128:
         return dict(block_v=32, block_k=32, num_warps=4, num_stages=2)
@@ -55,21 +54,34 @@ def verify_ring(H: int, N: int, steps: int) -> dict:
 
 
 def verify_snapshot(H: int, N: int, steps: int) -> dict:
-    """Recurrent snapshot-mode verify (writes every step's state)."""
-    if interpreting():
-        return dict(block_v=128, block_k=16, num_warps=4)
+    """Recurrent verify (snapshot mode, and ring mode with the "rows" kernel)."""
     return dict(block_v=32, block_k=16, num_warps=4)
+
+
+def snapshot_impl() -> str:
+    """Snapshot-mode kernel: "rows" (default) or the K-tiled "tiled" (opt-in, slower on the H200)."""
+    return "rows"
+
+
+def fold_impl() -> str:
+    """Fold kernel: "rows" (default), "tiled" / "tiled_b" (opt-in, slower on the H200)."""
+    return "rows"
 
 
 def fold(H: int, N: int, layers: int) -> dict:
     """ReplaySSM fold: one program per (request, layer, head, V-tile)."""
     if interpreting():
-        return dict(block_v=128, block_k=16, num_warps=4)
-    return dict(block_v=16, block_k=16, num_warps=8)
+        return dict(block_v=32, block_k=16, num_warps=4)
+    return dict(block_v=16, block_k=16, num_warps=4)
+
+
+def decode_impl() -> str:
+    """Decode kernel: "rows" (default) or the K-tiled "tiled" (opt-in, slower on the H200)."""
+    return "rows"
 
 
 def decode(H: int, N: int) -> dict:
     """Decode: one program per (request, head), looping over V-tiles of ``block_v`` rows."""
     if interpreting():
-        return dict(block_v=128, block_k=16, num_warps=4)
-    return dict(block_v=128, block_k=16, num_warps=8)
+        return dict(block_v=32, block_k=16, num_warps=4)
+    return dict(block_v=32, block_k=16, num_warps=1)

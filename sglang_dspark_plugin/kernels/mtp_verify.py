@@ -337,9 +337,10 @@ def mtp_verify(
         Ring mode: ``tl.dot`` input precision of the two state products, ``"tf32x3"`` (default,
         about fp32 accuracy on tensor cores), ``"ieee"`` (exact fp32 FMA) or ``"tf32"``.
     impl : str, optional
-        ``None``/``"auto"``: ring mode runs the chunked (WY) kernel, snapshot mode the K-tiled
-        recurrent kernel; ``"wy"``, ``"tiled"`` or ``"rows"`` (the
-        original ``[block_v, 128]`` recurrent kernel) force one.
+        ``None``/``"auto"``: the launch table's choice (:mod:`.launch_config`; the recurrent
+        ``[block_v, 128]`` kernel, ``"rows"``, in both modes: fastest measured on the H200);
+        ``"wy"`` (chunked ring verify) or ``"tiled"`` (K-tiled snapshot verify) force the
+        experimental kernels.
 
     Exactly one of snapshot mode (``intermediate_ssm``) and ring mode (all four rings) must be used.
 
@@ -486,7 +487,7 @@ def _pick_impl(impl: Optional[str], ring: bool, steps: int) -> str:
     if impl in (None, "auto"):
         if ring:
             return LC.verify_ring_impl(steps)
-        return "tiled"
+        return LC.snapshot_impl()
     if impl not in ("wy", "tiled", "rows"):
         raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto", "wy", "tiled" or "rows"', got=repr(impl),
                              fix="leave impl=None")

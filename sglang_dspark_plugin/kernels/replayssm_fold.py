@@ -144,8 +144,9 @@ def replayssm_fold(
         Tuning knobs (defaults from :mod:`.launch_config`): V-tile per program, warps, K sub-row of
         the tiled state layout (4..128).
     impl : str, optional
-        ``None``/``"tiled"``: the K-tiled kernel of :mod:`.tiled` (the same step helper as the
-        snapshot-mode verify); ``"rows"``: the original ``[block_v, 128]`` kernel below.
+        ``None``: the launch table's choice (``"rows"``, the ``[block_v, 128]`` kernel below, the
+        same step helper as the recurrent verify: fastest measured on the H200); ``"tiled"`` /
+        ``"tiled_b"``: the experimental K-tiled kernels of :mod:`.tiled`.
 
     Returns
     -------
@@ -235,6 +236,7 @@ def replayssm_fold(
     tslot_ptr, tstep_ptr = (track_slot_indices, track_steps) if track else (slot_indices, slot_indices)
 
     grid = (V.HEAD_DIM // BV, N, layers * H)
+    impl = LC.fold_impl() if impl in (None, "auto") else impl
     kernel, extra = ((_replayssm_fold_kernel, dict(LC.pdl_kwargs(dev))) if impl == "rows"
                      else (_tiled_fold_kernel, dict(KS=KS, BCAST=impl == "tiled_b", **LC.pdl_kwargs(dev))))
     kernel[grid](

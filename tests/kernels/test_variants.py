@@ -101,14 +101,14 @@ def test_tiled_fold_equals_tiled_snapshot(block_v, block_k, impl):
     p = _problem(3, torch.float32, None, seed=55)
     issm = p.new_issm()
     mtp_verify(*p.acts(), intermediate_conv=p.new_icw(), intermediate_ssm=issm, **p.verify_kwargs(),
-               block_v=block_v, block_k=block_k)
+               block_v=block_v, block_k=block_k, impl="tiled")
     rings = p.new_rings(L=8)
     mtp_verify(*p.acts(), intermediate_conv=p.new_icw(), **rings, **p.verify_kwargs())
     for a in range(p.steps + 1):
         acc = torch.tensor([min(a, ln) for ln in p.extra["lengths"]], dtype=torch.int32, device=p.q.device)
         ssm = p.ssm_state.clone()
         replayssm_fold(ssm, **rings, slot_indices=p.slot_indices, accept_lens=acc, block_v=block_v,
-                       block_k=block_k, impl=impl)
+                       block_k=block_k, impl=impl or "tiled")
         for n, (slot, row) in enumerate(zip(p.extra["slot_list"], p.extra["row_list"])):
             if slot < 0 or acc[n] == 0:
                 if slot >= 0:
