@@ -915,9 +915,9 @@ def make_table(rows, bw, Hs, Ns, Ts):
                     continue
                 step = f"{(uv['us'] + uf['us']) / (v['us'] + f['us']):.2f}x" if (v and f and uv and uf) else "-"
                 lines.append([H, N, T, fmt(v, uv), fmt(f, uf), step, fmt(s, us_), "-",
-                              f"{uv['us']:.1f}" + (" (fused)" if uv and "fused_" in uv["kernel"] else "") if uv else "-",
+                              f"{uv['us']:.1f}" + (" (fused)" if uv and "_fused_" in uv["kernel"] else "") if uv else "-",
                               f"{uf['us']:.1f}" if uf else "-",
-                              f"{us_['us']:.1f}" + (" (fused)" if us_ and "fused_" in us_["kernel"] else "") if us_ else "-",
+                              f"{us_['us']:.1f}" + (" (fused)" if us_ and "_fused_" in us_["kernel"] else "") if us_ else "-",
                               "-"])
     widths = [max(len(str(x)) for x in col) for col in zip(hdr, *lines)] if lines else [len(h) for h in hdr]
     text = "  ".join(h.ljust(w) for h, w in zip(hdr, widths)) + "\n"
