@@ -50,6 +50,19 @@ def _as_int32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int32 else t.to(torch.int32)
 
 
+def _layer_state_args(layer, cache) -> dict:
+    """Kernel arguments shared by decode and verify: the layer's weights and its pool state."""
+    return dict(
+        conv_weight=layer.conv_weights,
+        A_log=layer.A_log,
+        dt_bias=layer.dt_bias,
+        lower_bound=layer.lower_bound,
+        scale=layer.head_k_dim**-0.5,
+        ssm_state=cache.temporal,
+        conv_state=cache.conv[0],
+    )
+
+
 class DSparkKDAAttnBackend(KDAAttnBackend):
     """KDA backend for ``--attention-backend dspark``: dense MTP verify, decode, ReplaySSM."""
 
@@ -136,14 +149,8 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             q, k, v,
             as_dense_heads(a, "a (gate input)", num_tokens, heads),
             as_dense_beta(b, num_tokens, heads),
-            conv_weight=layer.conv_weights,
-            A_log=layer.A_log,
-            dt_bias=layer.dt_bias,
-            lower_bound=layer.lower_bound,
-            ssm_state=cache.temporal,
-            conv_state=cache.conv[0],
             slot_indices=_as_int32(slots[:num_tokens]),
-            scale=layer.head_k_dim**-0.5,
+            **_layer_state_args(layer, cache),
         )
         self._track_mamba_state_decode(
             forward_batch, cache.conv[0], cache.temporal, slots, layer.layer_id
@@ -190,18 +197,12 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             mode = dict(intermediate_ssm=cache.intermediate_ssm)
         out = mtp_verify(
             batch.q, batch.k, batch.v, batch.a, batch.b,
-            conv_weight=layer.conv_weights,
-            A_log=layer.A_log,
-            dt_bias=layer.dt_bias,
-            lower_bound=layer.lower_bound,
-            ssm_state=cache.temporal,
-            conv_state=cache.conv[0],
             slot_indices=slots,
             cu_seqlens=batch.cu_seqlens,
             num_spec=window - 1,
             intermediate_conv=cache.intermediate_conv_window[0],
             intermediate_rows=_as_int32(rows[:num_requests]),
-            scale=layer.head_k_dim**-0.5,
+            **_layer_state_args(layer, cache),
             **mode,
         )
         self.last_verify_used_plugin = True
