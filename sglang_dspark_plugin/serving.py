@@ -148,6 +148,9 @@ def tiny_model_args(
             "--speculative-algorithm", "DSPARK",
             "--speculative-draft-model-path", str(models_dir / DRAFT_DIR),
             "--speculative-dspark-block-size", str(gamma),
+            # The draft cannot use "dspark" (no draft backend of that name; SGLang would fall
+            # back to flashinfer, CUDA-only); Triton runs the tiny draft everywhere.
+            "--speculative-draft-attention-backend", "triton",
         ]  # fmt: skip
         if replayssm:
             if replayssm_cache_len is None:
