@@ -554,6 +554,22 @@ def _save_safetensors(tensors: Dict[str, "torch.Tensor"], path: Path) -> None:
     os.replace(tmp, path)
 
 
+SPS_TABLE_FILE = "sps_cost_table.json"
+
+
+def sps_cost_table() -> dict:
+    """A synthetic DSPARK SPS cost table (``--speculative-dspark-sps-table-path``): verify steps
+    per second falling as ``tokens^-0.9``. With the draft's constant confidence 0.88 the compact
+    scheduler then picks verify windows shorter than gamma+1 (real ragged layouts); without a
+    table it verifies full windows. (A real table is profiled on the serving GPU.)"""
+    tokens = list(range(1, 33))
+    return {
+        "sample_batch_tokens": tokens,
+        "sample_steps_per_sec": [round(t**-0.9, 6) for t in tokens],
+        "max_batch_tokens": tokens[-1],
+    }
+
+
 def _write_json_if_missing(path: Path, obj: dict) -> bool:
     if path.is_file():
         return False
@@ -568,9 +584,13 @@ def ensure_tiny_models(out: Optional[os.PathLike] = None, *, log=print) -> Dict[
     target_dir.mkdir(parents=True, exist_ok=True)
     draft_dir.mkdir(parents=True, exist_ok=True)
 
-    for model_dir, cfg in ((target_dir, target_config()), (draft_dir, draft_config())):
-        if _write_json_if_missing(model_dir / "config.json", cfg):
-            log(f"wrote {model_dir / 'config.json'}")
+    for path, obj in (
+        (target_dir / "config.json", target_config()),
+        (draft_dir / "config.json", draft_config()),
+        (draft_dir / SPS_TABLE_FILE, sps_cost_table()),
+    ):
+        if _write_json_if_missing(path, obj):
+            log(f"wrote {path}")
     tokenizer = None
     for model_dir in (target_dir, draft_dir):
         if not _has_tokenizer(model_dir):

@@ -69,12 +69,18 @@ def baseline() -> Baseline:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items):
-    """Record the order in which the (already regrouped) tests use the speculative servers."""
+    """Record the order in which the (already regrouped) tests use the speculative servers, and
+    skip the configurations this machine cannot run (with the reason)."""
     SPEC_ORDER.clear()
     for item in items:
         callspec = getattr(item, "callspec", None)
         config = callspec.params.get("spec") if callspec else None
-        if config is not None and config.name not in SPEC_ORDER:
+        if config is None:
+            continue
+        reason = config.skip_reason()
+        if reason:  # skip at collection: no server (not even the baseline) starts for it
+            item.add_marker(pytest.mark.skip(reason=reason))
+        elif config.name not in SPEC_ORDER:
             SPEC_ORDER.append(config.name)
             SPEC_CONFIGS_BY_NAME[config.name] = config
 

@@ -156,7 +156,7 @@ SPEC_CONFIGS_BY_NAME: Dict[str, object] = {}
 
 def prefetch_spec_server(index: int) -> None:
     """Start the ``index``-th speculative server of this session in the background."""
-    if 0 <= index < len(SPEC_ORDER):
+    if 0 <= index < len(SPEC_ORDER):  # (skipped configurations are not in SPEC_ORDER)
         config = SPEC_CONFIGS_BY_NAME[SPEC_ORDER[index]]
         PREFETCH.start(config.name, config.args(), env=config.env())
 
