@@ -361,7 +361,7 @@ def check_ours(Ts, H, combos=((BF16, LB), (FP32, None), (FP32, LB))):
             live = [(n, s, r, ln) for n, (s, r, ln) in enumerate(zip(p.extra["slot_list"], p.extra["row_list"],
                                                                    p.extra["lengths"])) if s >= 0]
             # ring mode: the default chunked kernel, its exact-fp32 dot variant and the recurrent one
-            for variant, vkw in (("verify_ring_rows", dict(impl="rows")), ("verify_ring_wy", dict(impl="wy"))):
+            for variant, vkw in (("verify_ring_rows", dict(impl="rows")), ("verify_ring_chunked", dict(impl="chunked"))):
                 icw_v, rings_v = p.new_icw(), p.new_rings(L=max(2, triton.next_power_of_2(2 * steps)))
                 out_v = mtp_verify(*p.acts(), intermediate_conv=icw_v, **rings_v, **p.verify_kwargs(), **vkw)
                 sync()
@@ -579,7 +579,7 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
             continue
         for cfg in configs.get(kname, [{}]):
             ck = kname
-            if ring and cfg.get("impl") in ("rows", "wy"):
+            if ring and cfg.get("impl") in ("rows", "chunked"):
                 ck = "verify_ring_" + cfg["impl"]
             out.append((kname, "ours", cfg, [lambda i=i, c=cfg, r=ring: ours_verify(i, pool, T, r, c) for i in insts],
                         None if ok(ck, T) else "check failed"))
@@ -929,34 +929,28 @@ def make_table(rows, bw, Hs, Ns, Ts):
 
 def sweep_configs():
     """Launch configurations timed by --sweep (passed through the wrappers' tuning kwargs)."""
-    v = [dict(block_v=bv, block_k=bk, num_warps=nw) for bv in (32, 64, 128) for bk in (16, 32) for nw in (4, 8)]
-    v += [dict(block_v=64, block_k=32, num_warps=4, num_stages=2),
-          dict(block_v=64, block_k=32, num_warps=4, dot_precision="ieee"),
-          dict(block_v=64, block_k=32, num_warps=4, dot_precision="tf32"),
+    v = [dict(impl="chunked", block_v=bv, block_k=bk, num_warps=nw)
+         for bv in (32, 64, 128) for bk in (32, 64) for nw in (4, 8)]
+    v += [dict(impl="chunked", block_v=bv, block_k=32, num_warps=4, num_stages=ns) for bv in (64, 128) for ns in (3, 4)]
+    v += [dict(impl="chunked", block_v=64, block_k=32, num_warps=4, dot_precision="tf32"),
           dict(impl="rows", block_v=32, num_warps=4)]
     return dict(
         verify_ring=v,
-        verify_snapshot=[dict(block_v=bv, block_k=16, num_warps=nw) for bv in (16, 32, 64) for nw in (4, 8)]
-        + [dict(block_v=32, block_k=32, num_warps=4), dict(impl="rows", block_v=32, num_warps=4)],
-        fold=[dict(block_v=bv, block_k=16, num_warps=nw) for bv in (16, 32, 64) for nw in (2, 4, 8)]
-        + [dict(block_v=32, block_k=8, num_warps=4), dict(block_v=32, block_k=32, num_warps=4)]
-        + [dict(impl="tiled_b", block_v=bv, block_k=16, num_warps=nw) for bv in (16, 32, 64) for nw in (2, 4, 8)]
-        + [dict(impl="rows", block_v=bv, num_warps=nw) for bv in (16, 32) for nw in (1, 2, 4)],
-        decode=[dict(block_v=bv, block_k=16, num_warps=nw) for bv in (32, 64, 128) for nw in (4, 8, 16)]
-        + [dict(block_v=128, block_k=32, num_warps=8)]
-        + [dict(impl="rows", block_v=bv, num_warps=nw) for bv in (16, 32) for nw in (1, 2, 4)],
+        verify_snapshot=[dict(block_v=bv, num_warps=nw) for bv in (16, 32) for nw in (2, 4)],
+        fold=[dict(impl="chunked", block_v=bv, block_k=32, num_warps=4) for bv in (32, 64)]
+        + [dict(impl="rows", block_v=16, num_warps=4)],
+        decode=[dict(impl="rows", block_v=bv, num_warps=nw) for bv in (32, 64, 128) for nw in (1, 2, 4, 8)],
     )
 
 
 def candidate_configs():
     """Launch configurations timed at every point of the final table besides the wrappers'
-    defaults (sglang_dspark_plugin/kernels/launch_config.py): the other ring-mode kernel and the
-    original [block_v, 128] recurrent kernels, for the record."""
+    defaults (sglang_dspark_plugin/kernels/launch_config.py): the recurrent kernels, for the record."""
     return dict(
-        verify_ring=[{}, dict(impl="wy"), dict(impl="rows", block_v=32, num_warps=4)],
+        verify_ring=[{}, dict(impl="rows", block_v=32, num_warps=4)],
         verify_snapshot=[{}],
         fold=[{}, dict(impl="rows", block_v=16, num_warps=4)],
-        decode=[{}, dict(impl="rows", block_v=32, num_warps=1)],
+        decode=[{}],
     )
 
 

@@ -17,12 +17,12 @@ import sys
 
 # today's defaults (launch_config.py) as the explicit configurations the run timed
 DEFAULT = {
-    "verify_ring": {"impl": "rows", "block_v": 32, "num_warps": 4},
-    "fold": {"impl": "rows", "block_v": 16, "num_warps": 4},
-    "decode": {"impl": "rows", "block_v": 32, "num_warps": 1},
-    "verify_snapshot": {"impl": "rows", "block_v": 32, "num_warps": 4},
+    "verify_ring": {},
+    "fold": {},
+    "decode": {},
+    "verify_snapshot": {},
 }
-WY = {"impl": "wy"}
+ROWS = {"impl": "rows", "block_v": 32, "num_warps": 4}
 
 
 def pick(rows, kernel, H, N, T, cfg=None, who="ours"):
@@ -53,7 +53,7 @@ def main(path):
     out = []
     out.append("| H | N | T | ReplaySSM verify µs (×floor, up/ours) | fold µs (×floor, up/ours) | verify+fold up/ours | "
                "snapshot verify µs (×floor, up/ours) | decode µs (×floor, up/ours) | up: ring verify / fold / snapshot / decode µs | "
-               "I/O floor ring verify µs | chunked (WY) ring verify µs (×floor) |")
+               "I/O floor ring verify µs | recurrent ring verify µs (×floor) |")
     out.append("|" + "---|" * 11)
     for H, N, T in pts:
         if T == 1:
@@ -66,7 +66,7 @@ def main(path):
         v = pick(rows, "verify_ring", H, N, T, DEFAULT["verify_ring"])
         fo = pick(rows, "fold", H, N, T, DEFAULT["fold"])
         sn = pick(rows, "verify_snapshot", H, N, T, DEFAULT["verify_snapshot"])
-        wy = pick(rows, "verify_ring", H, N, T, WY)
+        wy = pick(rows, "verify_ring", H, N, T, ROWS)
         uv = upbest(rows, ["up_verify_unfused_ring", "up_verify_fused_ring"], H, N, T)
         uf = pick(rows, "up_fold", H, N, T, who="up")
         us = pick(rows, "up_verify_unfused_snapshot", H, N, T, who="up")

@@ -16,9 +16,8 @@ import triton.language as tl
 
 from . import launch_config as LC
 from . import validation as V
-from .mtp_verify import _conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _round_act, _sigmoid
+from .common import _conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _round_act, _sigmoid
 from .reference import default_scale
-from .tiled import _decode_kernel as _tiled_decode_kernel
 
 DEFAULT_BLOCK_V = 32
 DEFAULT_NUM_WARPS = 4
@@ -118,7 +117,7 @@ def decode(
     ssm_state: torch.Tensor, conv_state: torch.Tensor, slot_indices: torch.Tensor,
     scale: Optional[float] = None, out: Optional[torch.Tensor] = None,
     block_v: Optional[int] = None, num_warps: Optional[int] = None,
-    block_k: Optional[int] = None, impl: Optional[str] = None,
+    impl: Optional[str] = None,
 ) -> torch.Tensor:
     """KDA decode step for B requests of one token each; updates conv and recurrent state in place.
 
@@ -141,12 +140,11 @@ def decode(
         ``[B]`` int32; ``-1`` = padding: state and conv untouched, output row zero.
     out : torch.Tensor, optional
         ``[1, B, H, 128]`` activation dtype, last dim contiguous; allocated when None.
-    block_v, num_warps, block_k : int, optional
-        Tuning knobs (defaults from :mod:`.launch_config`): V-tile looped inside the program
-        (128 = the whole state tile at once), warps, K sub-row of the tiled state layout (4..128).
+    block_v, num_warps : int, optional
+        Tuning knobs (defaults from :mod:`.launch_config`, keyed on H and N): V-tile rows per loop
+        step (power of two dividing 128; 128 = the whole state tile at once) and warps.
     impl : str, optional
-        ``None``: the launch table's choice (``"rows"``, the ``[block_v, 128]`` kernel below:
-        fastest measured on the H200); ``"tiled"``: the experimental K-tiled kernel of :mod:`.tiled`.
+        ``None`` / ``"auto"`` / ``"rows"``: the recurrent ``[block_v, 128]`` kernel (the only one).
 
     Returns
     -------
@@ -178,16 +176,13 @@ def decode(
                    ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, out=out)
     cfg = LC.decode(H, B)
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
-    KS = max(4, V.check_block_v(block_k if block_k is not None else cfg["block_k"]))
     warps = num_warps or cfg["num_warps"]
+    if impl not in (None, "auto", "rows"):
+        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto" or "rows"', got=repr(impl),
+                             fix="leave impl=None")
     if B == 0:
         return out
-    if impl not in (None, "auto", "tiled", "rows"):
-        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "tiled" or "rows"', got=repr(impl),
-                             fix="leave impl=None")
-    impl = LC.decode_impl() if impl in (None, "auto") else impl
-    kernel, extra = ((_decode_kernel, dict(LC.pdl_kwargs(dev))) if impl == "rows"
-                     else (_tiled_decode_kernel, dict(KS=KS, **LC.pdl_kwargs(dev))))
+    kernel, extra = _decode_kernel, dict(LC.pdl_kwargs(dev))
     kernel[(B, H)](
         q, k, v, a, b, out,
         conv_weight, A_flat, dt_flat,

@@ -35,53 +35,43 @@ def _programs(N: int, H: int) -> int:
     return max(1, N) * max(1, H)
 
 
-def verify_ring_impl(steps: int) -> str:
-    """Ring-mode kernel. "rows": the recurrent [block_v, 128] kernel (default: fastest measured on
-    the H200, see docs/benchmarks.md); "wy": the chunked form (opt-in, ``impl="wy"``)."""
-    return "rows"
-
-
 def verify_ring(H: int, N: int, steps: int) -> dict:
-    """Chunked (WY) ring-mode verify, when asked for with ``impl="wy"``."""
+    """Ring-mode (ReplaySSM) verify: ``impl`` "chunked" (prep + streaming tl.dot kernels,
+    mtp_verify_chunked.py) or "rows" (the recurrent kernel), with its tiles.
+
+    H200 sweep (docs/benchmarks.md): the chunked pair wins from N*H >= 512 at every window and
+    for 16-token windows from N*H >= 128; below that the single recurrent launch has less latency.
+    Prep tiles per window: (64, 4 warps) at <= 4 tokens, (16, 1) at <= 8, (16, 2) above."""
+    prep = (dict(prep_block_k=64, prep_num_warps=4) if steps <= 4 else
+            dict(prep_block_k=16, prep_num_warps=1) if steps <= 8 else dict(prep_block_k=16, prep_num_warps=2))
     if interpreting():
-        return dict(block_v=128, block_k=64, num_warps=4, num_stages=1)
+        return dict(impl="chunked", block_v=128, block_k=64, num_warps=4, prep_block_k=64, prep_num_warps=4)
     nh = _programs(N, H)
-    if nh <= 128:
-        return dict(block_v=32, block_k=32, num_warps=4, num_stages=2)
-    if nh <= 1024:
-        return dict(block_v=64, block_k=32, num_warps=4, num_stages=1)
-    return dict(block_v=128, block_k=32, num_warps=8, num_stages=1)
+    if nh < 128 or (nh < 512 and steps < 16):
+        return dict(impl="rows", block_v=32, num_warps=4)
+    if nh < 512:
+        return dict(impl="chunked", block_v=64, block_k=32, num_warps=4, num_stages=3, **prep)
+    return dict(impl="chunked", block_v=128, block_k=32, num_warps=4, num_stages=3, **prep)
 
 
-def verify_snapshot(H: int, N: int, steps: int) -> dict:
-    """Recurrent verify (snapshot mode, and ring mode with the "rows" kernel)."""
-    return dict(block_v=32, block_k=16, num_warps=4)
-
-
-def snapshot_impl() -> str:
-    """Snapshot-mode kernel: "rows" (default) or the K-tiled "tiled" (opt-in, slower on the H200)."""
-    return "rows"
-
-
-def fold_impl() -> str:
-    """Fold kernel: "rows" (default), "tiled" / "tiled_b" (opt-in, slower on the H200)."""
-    return "rows"
+def verify_rows(H: int, N: int, steps: int) -> dict:
+    """Recurrent verify (snapshot mode, and ring mode with ``impl="rows"``)."""
+    return dict(block_v=32, num_warps=4)
 
 
 def fold(H: int, N: int, layers: int) -> dict:
-    """ReplaySSM fold: one program per (request, layer, head, V-tile)."""
+    """ReplaySSM fold: one program per (request, layer, head, V-tile) of ``block_v`` rows."""
     if interpreting():
-        return dict(block_v=32, block_k=16, num_warps=4)
-    return dict(block_v=16, block_k=16, num_warps=4)
-
-
-def decode_impl() -> str:
-    """Decode kernel: "rows" (default) or the K-tiled "tiled" (opt-in, slower on the H200)."""
-    return "rows"
+        return dict(block_v=32, num_warps=4)
+    return dict(block_v=16, num_warps=4)
 
 
 def decode(H: int, N: int) -> dict:
-    """Decode: one program per (request, head), looping over V-tiles of ``block_v`` rows."""
+    """Decode: one program per (request, head), looping over V-tiles of ``block_v`` rows.
+    H200 sweep: the whole 128-row tile with 4 warps while N*H <= 1024 (latency-bound: 13.1 vs
+    19.9 us at N=8, H=32), 32-row tiles with 1 warp above (81.1 / 302.2 us at N=64 / 256)."""
     if interpreting():
-        return dict(block_v=32, block_k=16, num_warps=4)
-    return dict(block_v=32, block_k=16, num_warps=1)
+        return dict(block_v=32, num_warps=4)
+    if _programs(N, H) <= 1024:
+        return dict(block_v=128, num_warps=4)
+    return dict(block_v=32, num_warps=1)

@@ -6,9 +6,10 @@ One Triton program owns one (request, head, V-tile). It reads the persistent rec
 after the token (both modes) and either the state after the step (snapshot mode) or the
 ReplaySSM rings (ring mode), so the commit can pick the accepted prefix later.
 
-The small ``@triton.jit`` helpers at the top are shared with ``decode.py`` and
-``replayssm_fold.py`` so that the three kernels perform the same floating-point operations in
-the same order (the fold reproduces snapshot mode bit for bit under the same compiler).
+The ``@triton.jit`` helpers of ``common.py`` are shared with the other kernels, so that they all
+perform the same floating-point operations in the same order (the recurrent fold reproduces
+snapshot mode bit for bit under the same compiler). Ring mode defaults to the chunked kernel of
+``mtp_verify_chunked.py`` where the launch table says it is faster.
 """
 
 from __future__ import annotations
@@ -21,100 +22,12 @@ import triton.language as tl
 
 from . import launch_config as LC
 from . import validation as V
+from .common import _conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _round_act, _sigmoid
+from .mtp_verify_chunked import launch_verify_ring_chunked
 from .reference import default_scale
 
 DEFAULT_BLOCK_V = 32
 DEFAULT_NUM_WARPS = 4
-
-
-# ----------------------------------------------------------------------------------------------
-# Shared device helpers (fp32 in, fp32 out; never arithmetic on bf16: the interpreter keeps bf16
-# as raw bits, so every load is converted to fp32 first and bf16 appears only in stores/rounding)
-# ----------------------------------------------------------------------------------------------
-
-@triton.jit
-def _round_act(x, ACT_BF16: tl.constexpr):
-    """Round fp32 to the nearest bf16 value (ties to even), returned as fp32, when ACT_BF16.
-
-    Done with integer bit operations because the Triton interpreter's fp32 -> bf16 cast truncates
-    (and its "rtne" mode mishandles the mantissa carry); the result is exactly representable, so
-    a following ``.to(tl.bfloat16)`` is exact both compiled and interpreted.
-    """
-    if ACT_BF16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        x = bits.to(tl.float32, bitcast=True)
-    return x
-
-
-@triton.jit
-def _sigmoid(x):
-    return 1.0 / (1.0 + tl.exp(-x))
-
-
-@triton.jit
-def _softplus(x):
-    """torch.nn.functional.softplus(x, beta=1, threshold=20) in fp32, log1p-accurate for x << 0."""
-    e = tl.exp(tl.minimum(x, 20.0))
-    u = 1.0 + e
-    d = tl.where(u == 1.0, 1.0, u - 1.0)
-    lp = tl.where(u == 1.0, e, tl.log(u) * (e / d))  # log1p(e) (Goldberg's trick)
-    return tl.where(x > 20.0, x, lp)
-
-
-@triton.jit
-def _kda_gate(a, dtb, A, lower_bound, USE_LB: tl.constexpr):
-    """Per-K log-decay g from the raw gate input ``a`` (fp32 [128]); ``A = exp(A_log[h])``."""
-    x = a + dtb
-    if USE_LB:
-        g = lower_bound * _sigmoid(A * x)
-    else:
-        g = -A * _softplus(x)
-    return g
-
-
-@triton.jit
-def _conv_silu(c0, c1, c2, x, w0, w1, w2, w3):
-    """Width-4 causal conv (c0 oldest, x current) + SiLU, fp32 (the caller rounds to act dtype).
-
-    The sum is an explicit FMA chain so that every kernel (and every compiled variant of a
-    kernel) gets bit-identical conv outputs; left to the compiler, multiply-add contraction can
-    differ between variants and flip the bf16 rounding of a few elements.
-    """
-    z = tl.fma(w3, x, tl.fma(w2, c2, tl.fma(w1, c1, w0 * c0)))
-    return z / (1.0 + tl.exp(-z))
-
-
-@triton.jit
-def _l2norm(x):
-    """x * rsqrt(sum(x^2) + 1e-6) over a 1-D block.
-
-    The sum of squares is accumulated in fp64, which makes it independent of the reduction order
-    (i.e. of the register layout the compiler picks for ``x`` in a given kernel), so verify
-    (both modes), decode and the ReplaySSM fold normalise k identically.
-    """
-    xd = x.to(tl.float64)
-    ss = tl.sum(xd * xd, axis=0) + 1e-6
-    return x * tl.rsqrt(ss.to(tl.float32))
-
-
-@triton.jit
-def _delta_step(S, k, g, beta, v):
-    """One gated delta-rule step on a [BV, 128] state tile (rows = V slice, cols = K).
-
-    S <- S * exp(g)[None, :]; u = beta * (v - S k); S <- S + u k^T (explicit FMA).
-    (A later tl.dot/UT-transform version replaces this per-step body.)
-    """
-    S = S * tl.exp(g)[None, :]
-    kv = tl.sum(S * k[None, :], axis=1)
-    u = beta * (v - kv)
-    return tl.fma(u[:, None], k[None, :], S)
-
-
-@triton.jit
-def _load_conv_weights(w_ptr, ch, s_w):
-    base = w_ptr + ch.to(tl.int64) * s_w
-    return (tl.load(base + 0), tl.load(base + 1), tl.load(base + 2), tl.load(base + 3))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -331,16 +244,16 @@ def mtp_verify(
         ``[1, T, H, 128]`` in the activation dtype, last dim contiguous; allocated when None.
     block_v, num_warps, block_k, num_stages : int, optional
         Tuning knobs (defaults from :mod:`.launch_config`, keyed on H, N and the window): V-tile per
-        program (power of two dividing 128), warps, K-chunk (ring mode: the ``tl.dot`` K-chunk,
-        16..128; snapshot mode: the K sub-row of the tiled state layout, 4..128) and pipeline stages.
+        program (power of two dividing 128), warps; chunked kernel only: the ``tl.dot`` K-chunk
+        (16..128) and pipeline stages of its streaming kernel.
     dot_precision : str, optional
-        Ring mode: ``tl.dot`` input precision of the two state products, ``"tf32x3"`` (default,
+        Chunked kernel: ``tl.dot`` input precision of the two state products, ``"tf32x3"`` (default,
         about fp32 accuracy on tensor cores), ``"ieee"`` (exact fp32 FMA) or ``"tf32"``.
     impl : str, optional
-        ``None``/``"auto"``: the launch table's choice (:mod:`.launch_config`; the recurrent
-        ``[block_v, 128]`` kernel, ``"rows"``, in both modes: fastest measured on the H200);
-        ``"wy"`` (chunked ring verify) or ``"tiled"`` (K-tiled snapshot verify) force the
-        experimental kernels.
+        ``None``/``"auto"``: the launch table's choice (ring mode: the chunked prep + streaming
+        kernels of :mod:`.mtp_verify_chunked` for large batches / long windows, else the recurrent
+        ``[block_v, 128]`` kernel below; snapshot mode: always the recurrent kernel).
+        ``"chunked"`` or ``"rows"`` force one (``"chunked"`` falls back to ``"rows"`` in snapshot mode).
 
     Exactly one of snapshot mode (``intermediate_ssm``) and ring mode (all four rings) must be used.
 
@@ -349,7 +262,7 @@ def mtp_verify(
     torch.Tensor
         ``out``, ``[1, T, H, 128]`` in the activation dtype.
 
-    Grid ``(128 // block_v, N, H)``: program (iv, n, h) keeps the state tile ``[block_v, 128]``
+    Recurrent kernel: grid ``(128 // block_v, N, H)``, program (iv, n, h) keeps the state tile ``[block_v, 128]``
     in registers for the whole window; q/k conv and norms are recomputed per V-tile; V-tile 0 alone
     writes the q/k conv windows and the rawk/g/beta rings.
     """
@@ -406,49 +319,28 @@ def mtp_verify(
                    intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
                    intermediate_ssm=intermediate_ssm, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
                    ring_beta=ring_beta, out=out)
-    impl = _pick_impl(impl, ring, steps)
-    if impl == "wy":
-        cfg = LC.verify_ring(H, N, steps)
-    else:
-        cfg = LC.verify_snapshot(H, N, steps)
+    impl = _pick_impl(impl, ring, H, N, steps)
+    cfg = LC.verify_ring(H, N, steps) if impl == "chunked" else LC.verify_rows(H, N, steps)
+    if impl == "chunked" and cfg["impl"] != "chunked":  # forced: the large-batch chunked tiles
+        cfg = LC.verify_ring(H, max(N, 512), steps)
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
-    BK = V.check_block_v(block_k if block_k is not None else cfg["block_k"])
     warps = num_warps or cfg["num_warps"]
     stages = num_stages if num_stages is not None else cfg.get("num_stages")
     if N == 0:
         return out
 
-    if impl == "wy":
-        from .mtp_verify_wy import launch_verify_ring_wy
-
-        return launch_verify_ring_wy(
+    if impl == "chunked":
+        BK = V.check_block_v(block_k if block_k is not None else cfg["block_k"])
+        return launch_verify_ring_chunked(
             q, k, v, a, b, out, conv_weight=conv_weight, A_flat=A_flat, dt_flat=dt_flat,
             lower_bound=lower_bound, scale=scale, ssm_state=ssm_state, conv_state=conv_state,
             slot_indices=slot_indices, cu_seqlens=cu_seqlens, intermediate_conv=intermediate_conv,
             intermediate_rows=intermediate_rows, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
             ring_beta=ring_beta, N=N, T=T, H=H, steps=steps, act_bf16=act == torch.bfloat16,
             block_v=max(16, BV), block_k=max(16, BK), num_warps=warps, num_stages=stages,
+            prep_block_k=cfg.get("prep_block_k", 32), prep_num_warps=cfg.get("prep_num_warps", 4),
             dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"), pdl=bool(LC.pdl_kwargs(dev)))
     extra = {} if stages is None else dict(num_stages=stages)
-    if impl == "tiled" and snapshot:
-        from .tiled import _verify_snapshot_kernel
-
-        _verify_snapshot_kernel[(V.HEAD_DIM // BV, N, H)](
-            q, k, v, a, b, out,
-            conv_weight, A_flat, dt_flat,
-            ssm_state, conv_state, slot_indices, cu_seqlens,
-            intermediate_conv, intermediate_rows, intermediate_ssm,
-            N, T, H, 0.0 if lower_bound is None else lower_bound, scale,
-            q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
-            a.stride(1), a.stride(2), b.stride(1), b.stride(2), out.stride(1), out.stride(2),
-            conv_weight.stride(0),
-            ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
-            intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
-            intermediate_ssm.stride(0), intermediate_ssm.stride(1),
-            STEPS=steps, BV=BV, KS=max(4, BK), ACT_BF16=act == torch.bfloat16,
-            USE_LB=lower_bound is not None, num_warps=warps, **extra, **LC.pdl_kwargs(dev),
-        )
-        return out
 
     issm = intermediate_ssm if snapshot else ssm_state  # placeholder pointer, never touched
     issm_strides = (intermediate_ssm.stride(0), intermediate_ssm.stride(1)) if snapshot else (0, 0)
@@ -482,17 +374,13 @@ def mtp_verify(
     return out
 
 
-def _pick_impl(impl: Optional[str], ring: bool, steps: int) -> str:
-    """"wy" (chunked ring verify), "tiled" (K-tiled recurrent) or "rows" (original recurrent)."""
+def _pick_impl(impl: Optional[str], ring: bool, H: int, N: int, steps: int) -> str:
+    """"chunked" (tl.dot form, ring mode only) or "rows" (the recurrent kernel above)."""
     if impl in (None, "auto"):
-        if ring:
-            return LC.verify_ring_impl(steps)
-        return LC.snapshot_impl()
-    if impl not in ("wy", "tiled", "rows"):
-        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto", "wy", "tiled" or "rows"', got=repr(impl),
+        return LC.verify_ring(H, N, steps)["impl"] if ring else "rows"
+    if impl not in ("chunked", "rows"):
+        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto", "chunked" or "rows"', got=repr(impl),
                              fix="leave impl=None")
-    if impl == "wy" and not ring:
-        return "tiled"  # the chunked form computes outputs only; snapshots need every state
-    if impl == "tiled" and ring:
-        return "rows"  # ring mode's recurrent form is the original kernel
+    if impl == "chunked" and not ring:
+        return "rows"  # the chunked form computes outputs only; snapshot mode needs every state
     return impl

@@ -18,11 +18,26 @@ import triton.language as tl
 
 from . import launch_config as LC
 from . import validation as V
-from .mtp_verify import _delta_step, _l2norm
-from .tiled import _fold_kernel as _tiled_fold_kernel
+from .common import _delta_step, _l2norm
 
 DEFAULT_BLOCK_V = 32
 DEFAULT_NUM_WARPS = 4
+
+
+@triton.jit
+def _roll_conv(conv_ptr, icw_ptr, irow_ptr, n, layer, slot, h, H, n_acc, ICW_STEPS, offs_v,
+               s_conv_layer, s_conv_slot, s_conv_row, s_icw_layer, s_icw_row, s_icw_step, s_icw_win):
+    """conv_state[layer, slot] <- intermediate_conv[layer, row, accept - 1] for the V-tile's channel
+    slice (``offs_v``) of the q, k and v groups of head h (the V-tiles together cover all)."""
+    KD: tl.constexpr = 128
+    row = tl.load(irow_ptr + n).to(tl.int64)
+    step = tl.minimum(n_acc, ICW_STEPS) - 1
+    src = icw_ptr + layer * s_icw_layer + row * s_icw_row + step.to(tl.int64) * s_icw_step
+    dst = conv_ptr + layer * s_conv_layer + slot * s_conv_slot
+    for grp in tl.static_range(3):
+        ch = grp * H * KD + h * KD + offs_v
+        for r in tl.static_range(3):
+            tl.store(dst + r * s_conv_row + ch, tl.load(src + r * s_icw_win + ch))
 
 
 @triton.jit(do_not_specialize=["H", "L", "ICW_STEPS", "s_rb_layer", "s_rb_slot", "s_rb_h", "s_rb_t"])
@@ -77,16 +92,8 @@ def _replayssm_fold_kernel(
         tl.store(s_layer + slot * s_ssm_slot + tile, S)
 
         if CONV:
-            # conv_state[layer, slot] <- intermediate_conv[layer, row, accept - 1]; this program
-            # copies its V-tile's channel slice of the q, k and v groups of head h.
-            row = tl.load(irow_ptr + n).to(tl.int64)
-            step = tl.minimum(n_acc, ICW_STEPS) - 1
-            src = icw_ptr + layer * s_icw_layer + row * s_icw_row + step.to(tl.int64) * s_icw_step
-            dst = conv_ptr + layer * s_conv_layer + slot * s_conv_slot
-            for grp in tl.static_range(3):
-                ch = grp * H * KD + h * KD + offs_v
-                for r in tl.static_range(3):
-                    tl.store(dst + r * s_conv_row + ch, tl.load(src + r * s_icw_win + ch))
+            _roll_conv(conv_ptr, icw_ptr, irow_ptr, n, layer, slot, h, H, n_acc, ICW_STEPS, offs_v,
+                       s_conv_layer, s_conv_slot, s_conv_row, s_icw_layer, s_icw_row, s_icw_step, s_icw_win)
 
 
 def _layered(t: Optional[torch.Tensor], single_dim: int) -> Optional[torch.Tensor]:
@@ -100,7 +107,7 @@ def replayssm_fold(
     intermediate_rows: Optional[torch.Tensor] = None,
     track_slot_indices: Optional[torch.Tensor] = None, track_steps: Optional[torch.Tensor] = None,
     scale: Optional[float] = None, block_v: Optional[int] = None, num_warps: Optional[int] = None,
-    block_k: Optional[int] = None, impl: Optional[str] = None,
+    impl: Optional[str] = None,
 ) -> torch.Tensor:
     """Fold the accepted prefix of every request's verify rings into the persistent state, all layers.
 
@@ -140,13 +147,13 @@ def replayssm_fold(
         snapshot; a track slot of ``-1`` is skipped).
     scale : float, optional
         Unused (the fold never reads q); accepted for signature symmetry.
-    block_v, num_warps, block_k : int, optional
-        Tuning knobs (defaults from :mod:`.launch_config`): V-tile per program, warps, K sub-row of
-        the tiled state layout (4..128).
+    block_v, num_warps : int, optional
+        Tuning knobs (defaults from :mod:`.launch_config`): V-tile rows per program, warps.
     impl : str, optional
-        ``None``: the launch table's choice (``"rows"``, the ``[block_v, 128]`` kernel below, the
-        same step helper as the recurrent verify: fastest measured on the H200); ``"tiled"`` /
-        ``"tiled_b"``: the experimental K-tiled kernels of :mod:`.tiled`.
+        ``None`` / ``"auto"`` / ``"rows"``: the recurrent ``[block_v, 128]`` kernel above (the same
+        step helper as the recurrent verify, so the folded state equals snapshot mode bit for bit).
+        A chunked (tl.dot) fold was measured 2-4x slower on the H200 in one-kernel form
+        (docs/benchmarks.md) and is not shipped.
 
     Returns
     -------
@@ -213,13 +220,12 @@ def replayssm_fold(
                    slot_indices=slot_indices, accept_lens=accept_lens, conv_state=conv_state,
                    intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
                    track_slot_indices=track_slot_indices, track_steps=track_steps)
+    if impl not in (None, "auto", "rows"):
+        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto" or "rows"', got=repr(impl),
+                             fix="leave impl=None")
     cfg = LC.fold(H, N, layers)
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
-    KS = max(4, V.check_block_v(block_k if block_k is not None else cfg["block_k"]))
     warps = num_warps or cfg["num_warps"]
-    if impl not in (None, "auto", "tiled", "tiled_b", "rows"):
-        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "tiled", "tiled_b" or "rows"', got=repr(impl),
-                             fix="leave impl=None")
     if N == 0 or layers == 0:
         return ssm_state.squeeze(0) if single else ssm_state
 
@@ -236,9 +242,7 @@ def replayssm_fold(
     tslot_ptr, tstep_ptr = (track_slot_indices, track_steps) if track else (slot_indices, slot_indices)
 
     grid = (V.HEAD_DIM // BV, N, layers * H)
-    impl = LC.fold_impl() if impl in (None, "auto") else impl
-    kernel, extra = ((_replayssm_fold_kernel, dict(LC.pdl_kwargs(dev))) if impl == "rows"
-                     else (_tiled_fold_kernel, dict(KS=KS, BCAST=impl == "tiled_b", **LC.pdl_kwargs(dev))))
+    kernel, extra = _replayssm_fold_kernel, dict(LC.pdl_kwargs(dev))
     kernel[grid](
         ssm_state, rv, rk, rg, rb, slot_indices, accept_lens,
         conv_ptr, icw_ptr, irow_ptr, tslot_ptr, tstep_ptr,

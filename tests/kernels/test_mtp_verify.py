@@ -64,7 +64,13 @@ def test_verify_matches_reference_both_modes(case):
     t = tol(dtype)
     assert not out_s.isnan().any() and not out_g.isnan().any()
     assert rel_err(out_s, out_r) <= t, rel_err(out_s, out_r)
-    assert torch.equal(out_s, out_g), "ring and snapshot mode outputs differ"
+    # ring mode's default is the chunked (tl.dot) kernel: same maths, other rounding order
+    assert rel_err(out_g, out_r) <= t, rel_err(out_g, out_r)
+    # the recurrent ring-mode kernel performs snapshot mode's operations exactly
+    out_rows = torch.full_like(out_s, float("nan"))
+    mtp_verify(*p.acts(), intermediate_conv=p.new_icw(), out=out_rows, **p.new_rings(L=2 * steps),
+               **p.verify_kwargs(), impl="rows")
+    assert torch.equal(out_s, out_rows), "recurrent ring and snapshot mode outputs differ"
     # padding request (n=1) and the uncovered tail are zero
     cu = p.cu_seqlens.tolist()
     assert (out_s[0, cu[1]:cu[2]] == 0).all()
@@ -129,7 +135,7 @@ def test_verify_serving_shape(dtype):
     rings = p.new_rings(L=16)
     out_g = mtp_verify(*p.acts(), intermediate_conv=p.new_icw(), **rings, **p.verify_kwargs())
     assert rel_err(out, out_r) <= tol(dtype)
-    assert torch.equal(out, out_g)
+    assert rel_err(out_g, out_r) <= tol(dtype)
     live = [n for n, s in enumerate(slot_list) if s >= 0]
     rows = p.intermediate_rows[live].long()
     lens = torch.tensor([lengths[n] for n in live], device=out.device)

@@ -1,14 +1,13 @@
-"""Launch variants of the kernels: the chunked (WY) ring verify at several tiles and windows
-(strong decays included), the K-tiled recurrent kernels with V-split / whole-tile / other K
-sub-rows, and the original ``[block_v, 128]`` kernels (``impl="rows"``), all against the float64
-reference; the tiled fold against the tiled snapshot (bit-exact under the interpreter)."""
+"""Launch variants of the kernels, all against the float64 reference: the chunked ring verify at
+several tiles and windows (both pairwise-decay paths), the recurrent ``[block_v, 128]`` verify in
+both modes, and decode at several tiles."""
 
 import pytest
 import torch
 
 from kda_testutil import F64, make_problem, rel_err, same_bytes, tol
 
-from sglang_dspark_plugin.kernels import decode, mtp_verify, replayssm_fold
+from sglang_dspark_plugin.kernels import decode, mtp_verify
 from sglang_dspark_plugin.kernels import reference as R
 
 CUDA = torch.cuda.is_available()
@@ -35,7 +34,10 @@ def _ref(p):
     (7, 16, 64, torch.bfloat16, -5.0),
     (15, 128, 128, torch.float32, None),
 ], ids=lambda x: str(x).replace("torch.", ""))
-def test_wy_ring_tiles(num_spec, block_v, block_k, dtype, lb):
+def test_chunked_ring_tiles(num_spec, block_v, block_k, dtype, lb):
+    """Chunked ring verify (prep + streaming kernels) at several tiles and windows: outputs vs the
+    float64 reference, conv windows and rings byte-identical to the recurrent kernel's, nothing
+    written past a request or for padding."""
     p = _problem(num_spec, dtype, lb, seed=300 + num_spec)
     out_r, icw_r, _, rings_r = _ref(p)
     steps = p.steps
@@ -43,7 +45,9 @@ def test_wy_ring_tiles(num_spec, block_v, block_k, dtype, lb):
     icw = p.new_icw()
     out = torch.full_like(p.q, float("nan"), memory_format=torch.contiguous_format)
     mtp_verify(*p.acts(), intermediate_conv=icw, out=out, **rings, **p.verify_kwargs(), block_v=block_v,
-               block_k=block_k, impl="wy", dot_precision="ieee" if CUDA else None)
+               block_k=block_k, impl="chunked", dot_precision="ieee" if CUDA else None)
+    rings_rows, icw_rows = p.new_rings(L=2 * steps), p.new_icw()
+    mtp_verify(*p.acts(), intermediate_conv=icw_rows, **rings_rows, **p.verify_kwargs(), impl="rows")
     assert not out.isnan().any()
     assert rel_err(out, out_r) <= tol(dtype), rel_err(out, out_r)
     cu = p.cu_seqlens.tolist()
@@ -56,36 +60,38 @@ def test_wy_ring_tiles(num_spec, block_v, block_k, dtype, lb):
         assert icw[row, ln:].isnan().all()
         for name in rings:
             got = rings[name][slot]
+            assert same_bytes(got[:, :ln], rings_rows[name][slot][:, :ln]), name
             assert rel_err(got[:, :ln], rings_r[name][slot][:, :ln]) <= (1e-6 if name in ("ring_g", "ring_beta")
                                                                           else tol(dtype) / 10)
             assert got[:, ln:].isnan().all(), f"{name} written past the request"
 
 
-def test_wy_strong_decay_long_window():
-    """Softplus gate with A = exp(A_log) up to 400 (log-decays of hundreds per token, e^{-G} far
-    beyond fp32): the pairwise decays are cumulative products, so nothing overflows."""
-    p = _problem(15, torch.float32, None, seed=77)
-    p.A_log.copy_(torch.linspace(0.0, 6.0, p.A_log.numel(), dtype=torch.float32))
-    p.dt_bias.mul_(20.0)
+@pytest.mark.parametrize("strength", ["mild", "strong"])
+def test_chunked_decay_paths(strength):
+    """The chunked kernel's two pairwise-decay paths: tensor-core factorisation for bounded
+    log-decays ("mild": K3 gate) and the exact pairwise form for strong decays ("strong": softplus
+    gate with A = exp(A_log) up to 400, log-decays of hundreds per token, e^{-G} far beyond fp32)."""
+    lb = -5.0 if strength == "mild" else None
+    p = _problem(15, torch.float32, lb, seed=77)
+    if strength == "strong":
+        p.A_log.copy_(torch.linspace(0.0, 6.0, p.A_log.numel(), dtype=torch.float32))
+        p.dt_bias.mul_(20.0)
     out_r, _, _, _ = _ref(p)
     rings = p.new_rings(L=16)
-    out = mtp_verify(*p.acts(), intermediate_conv=p.new_icw(), **rings, **p.verify_kwargs(), impl="wy",
+    out = mtp_verify(*p.acts(), intermediate_conv=p.new_icw(), **rings, **p.verify_kwargs(), impl="chunked",
                      dot_precision="ieee" if CUDA else None)
     assert torch.isfinite(out).all()
     assert rel_err(out, out_r) <= 1e-5, rel_err(out, out_r)
 
 
-@pytest.mark.parametrize("impl,block_v,block_k", [("tiled", 32, 8), ("tiled", 64, 32), ("rows", 32, None)])
+@pytest.mark.parametrize("block_v", [32, 64])
 @pytest.mark.parametrize("mode", ("snapshot", "ring"))
-def test_recurrent_variants(impl, block_v, block_k, mode):
-    if mode == "ring" and impl == "tiled":
-        pytest.skip("ring mode has no tiled recurrent kernel (impl='tiled' -> 'rows')")
+def test_recurrent_variants(block_v, mode):
     p = _problem(3, torch.float32, -5.0, seed=41)
     out_r, icw_r, issm_r, rings_r = _ref(p)
     icw = p.new_icw()
     kw = dict(intermediate_ssm=p.new_issm()) if mode == "snapshot" else p.new_rings(L=8)
-    out = mtp_verify(*p.acts(), intermediate_conv=icw, **kw, **p.verify_kwargs(), impl=impl, block_v=block_v,
-                     block_k=block_k)
+    out = mtp_verify(*p.acts(), intermediate_conv=icw, **kw, **p.verify_kwargs(), impl="rows", block_v=block_v)
     assert rel_err(out, out_r) <= 1e-5
     for slot, row, ln in zip(p.extra["slot_list"], p.extra["row_list"], p.extra["lengths"]):
         if slot < 0:
@@ -95,33 +101,8 @@ def test_recurrent_variants(impl, block_v, block_k, mode):
             assert rel_err(kw["intermediate_ssm"][row, :ln], issm_r[row, :ln]) <= 1e-5
 
 
-@pytest.mark.parametrize("block_v,block_k,impl", [(32, 16, None), (64, 8, None), (32, 16, "tiled_b")])
-def test_tiled_fold_equals_tiled_snapshot(block_v, block_k, impl):
-    """Fold (tiled) of every accept length == the tiled snapshot verify's state after a-1."""
-    p = _problem(3, torch.float32, None, seed=55)
-    issm = p.new_issm()
-    mtp_verify(*p.acts(), intermediate_conv=p.new_icw(), intermediate_ssm=issm, **p.verify_kwargs(),
-               block_v=block_v, block_k=block_k, impl="tiled")
-    rings = p.new_rings(L=8)
-    mtp_verify(*p.acts(), intermediate_conv=p.new_icw(), **rings, **p.verify_kwargs())
-    for a in range(p.steps + 1):
-        acc = torch.tensor([min(a, ln) for ln in p.extra["lengths"]], dtype=torch.int32, device=p.q.device)
-        ssm = p.ssm_state.clone()
-        replayssm_fold(ssm, **rings, slot_indices=p.slot_indices, accept_lens=acc, block_v=block_v,
-                       block_k=block_k, impl=impl or "tiled")
-        for n, (slot, row) in enumerate(zip(p.extra["slot_list"], p.extra["row_list"])):
-            if slot < 0 or acc[n] == 0:
-                if slot >= 0:
-                    assert same_bytes(ssm[slot], p.ssm_state[slot])
-                continue
-            want = issm[row, int(acc[n]) - 1]
-            assert rel_err(ssm[slot], want) <= 1e-6
-            if not CUDA:
-                assert same_bytes(ssm[slot], want), (n, a)
-
-
-@pytest.mark.parametrize("impl,block_v,block_k", [("tiled", 128, 16), ("tiled", 32, 32), ("rows", 64, None)])
-def test_decode_variants(impl, block_v, block_k):
+@pytest.mark.parametrize("block_v,num_warps", [(128, 4), (32, 1), (64, 2)])
+def test_decode_variants(block_v, num_warps):
     p = make_problem(N=3, H=2, num_spec=0, dtype=torch.bfloat16, lower_bound=-5.0, seed=61, slot_list=[3, -1, 0],
                      slots=5)
     ssm_r, conv_r = p.ssm_state.to(F64), p.conv_state.to(F64)
@@ -130,7 +111,7 @@ def test_decode_variants(impl, block_v, block_k):
                          slot_indices=p.slot_indices, act_dtype=torch.bfloat16)
     before = p.ssm_state.clone()
     out = decode(*p.acts(), **p.params(), ssm_state=p.ssm_state, conv_state=p.conv_state,
-                 slot_indices=p.slot_indices, impl=impl, block_v=block_v, block_k=block_k)
+                 slot_indices=p.slot_indices, block_v=block_v, num_warps=num_warps)
     assert rel_err(out, out_r) <= 1e-2
     assert (out[0, 1] == 0).all()
     for s in range(p.slots):

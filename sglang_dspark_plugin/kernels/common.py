@@ -1,0 +1,94 @@
+"""Device helpers shared by every bundled kernel (recurrent and chunked verify, decode, fold).
+
+Sharing them makes the kernels perform the same floating-point operations in the same order:
+the recurrent fold reproduces the recurrent snapshot verify bit for bit under the same compiler,
+and all kernels write the same ring / conv-window bytes.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round_act(x, ACT_BF16: tl.constexpr):
+    """Round fp32 to the nearest bf16 value (ties to even), returned as fp32, when ACT_BF16.
+
+    Done with integer bit operations because the Triton interpreter's fp32 -> bf16 cast truncates
+    (and its "rtne" mode mishandles the mantissa carry); the result is exactly representable, so
+    a following ``.to(tl.bfloat16)`` is exact both compiled and interpreted.
+    """
+    if ACT_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        x = bits.to(tl.float32, bitcast=True)
+    return x
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _softplus(x):
+    """torch.nn.functional.softplus(x, beta=1, threshold=20) in fp32, log1p-accurate for x << 0."""
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    d = tl.where(u == 1.0, 1.0, u - 1.0)
+    lp = tl.where(u == 1.0, e, tl.log(u) * (e / d))  # log1p(e) (Goldberg's trick)
+    return tl.where(x > 20.0, x, lp)
+
+
+@triton.jit
+def _kda_gate(a, dtb, A, lower_bound, USE_LB: tl.constexpr):
+    """Per-K log-decay g from the raw gate input ``a`` (fp32 [128]); ``A = exp(A_log[h])``."""
+    x = a + dtb
+    if USE_LB:
+        g = lower_bound * _sigmoid(A * x)
+    else:
+        g = -A * _softplus(x)
+    return g
+
+
+@triton.jit
+def _conv_silu(c0, c1, c2, x, w0, w1, w2, w3):
+    """Width-4 causal conv (c0 oldest, x current) + SiLU, fp32 (the caller rounds to act dtype).
+
+    The sum is an explicit FMA chain so that every kernel (and every compiled variant of a
+    kernel) gets bit-identical conv outputs; left to the compiler, multiply-add contraction can
+    differ between variants and flip the bf16 rounding of a few elements.
+    """
+    z = tl.fma(w3, x, tl.fma(w2, c2, tl.fma(w1, c1, w0 * c0)))
+    return z / (1.0 + tl.exp(-z))
+
+
+@triton.jit
+def _l2norm(x):
+    """x * rsqrt(sum(x^2) + 1e-6) over a 1-D block.
+
+    The sum of squares is accumulated in fp64, which makes it independent of the reduction order
+    (i.e. of the register layout the compiler picks for ``x`` in a given kernel), so verify
+    (both modes), decode and the ReplaySSM fold normalise k identically.
+    """
+    xd = x.to(tl.float64)
+    ss = tl.sum(xd * xd, axis=0) + 1e-6
+    return x * tl.rsqrt(ss.to(tl.float32))
+
+
+@triton.jit
+def _delta_step(S, k, g, beta, v):
+    """One gated delta-rule step on a [BV, 128] state tile (rows = V slice, cols = K).
+
+    S <- S * exp(g)[None, :]; u = beta * (v - S k); S <- S + u k^T (explicit FMA).
+    (A later tl.dot/UT-transform version replaces this per-step body.)
+    """
+    S = S * tl.exp(g)[None, :]
+    kv = tl.sum(S * k[None, :], axis=1)
+    u = beta * (v - kv)
+    return tl.fma(u[:, None], k[None, :], S)
+
+
+@triton.jit
+def _load_conv_weights(w_ptr, ch, s_w):
+    base = w_ptr + ch.to(tl.int64) * s_w
+    return (tl.load(base + 0), tl.load(base + 1), tl.load(base + 2), tl.load(base + 3))

@@ -1,0 +1,392 @@
+"""Chunked (WY / UT-transform) ring-mode verify, and the helpers the chunked ReplaySSM fold shares.
+
+The recurrent kernels (``mtp_verify.py``, ``replayssm_fold.py`` with ``impl="rows"``) make four passes over a
+``[block_v, 128]`` state tile per token, each K-reduction a warp-shuffle tree: on the H200 that
+is compute-bound from ~4 tokens on. Here the state is contracted with the whole window by
+tensor-core products (``tl.dot``) and the token-to-token coupling is ``T x T`` algebra.
+
+Math, per (request, head), window of ``n`` tokens, state ``S0 [V, K]``, ``k_t``/``q_t`` the
+normalised keys / scaled queries, per-K log-decays ``g_t``, ``G_t = sum_{j <= t} g_j``::
+
+    recurrence:  S_t = S_{t-1} diag(e^{g_t}) + beta_t (v_t - S_{t-1} diag(e^{g_t}) k_t) k_t^T,  o_t = S_t q_t
+    closed form: S_t = S0 diag(e^{G_t}) + sum_{s <= t} u_s (k_s o e^{G_t - G_s})^T
+                 A[t, s] = sum_K k_t k_s e^{G_t - G_s}   (s < t)
+                 M[t, s] = sum_K q_t k_s e^{G_t - G_s}   (s <= t)
+                 U^T = (I + diag(beta) A)^-1 diag(beta) (V^T - (k o e^G) S0^T)
+                 O^T = (q o e^G) S0^T + M U^T
+
+Both chunked kernels (this one and ``replayssm_fold``'s) read the state once per K-chunk and feed it to ``tl.dot`` (``tf32x3`` by default:
+three tf32 products, about fp32 accuracy); everything with ``T`` on both sides is small.
+
+Precision: ``G_t - G_s`` is formed from the prefix sums kept as exact fp32 pairs (hi + lo of an
+fp64 cumsum), so a pairwise decay ``e^{G_t - G_s}`` is as accurate as one ``exp`` of the segment
+sum even after hundreds of log-decay units (large ``|G|``, small difference); only pairs with
+``s <= t`` are exponentiated (the exponent is clamped at 0), so nothing overflows whatever the gate.
+
+Conv, gates, ring writes and intermediate conv windows use the helpers of ``mtp_verify.py``
+(same roundings), so the rings and conv windows are the same bytes as the recurrent kernel's.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import _conv_silu, _kda_gate, _round_act, _sigmoid
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared helpers
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _shift_tile(tok_ptr, s_tok, offs_c, conv_base, s_row, ch, offs_t, bos, n_tok, D: tl.constexpr):
+    """``x_{t-D}`` for window rows t and the given channels, fp32 ``[TD, C]``; 0 where ``t >= n_tok``.
+
+    ``offs_c``: channel offsets inside the head (activations); ``ch``: the same channels in the
+    conv state. Token ``t - D >= 0`` comes from the activations, ``t - D in [-3, -1]`` from conv
+    state row ``3 + t - D`` (the previous inputs, row 0 oldest)."""
+    i = offs_t - D
+    live = offs_t < n_tok
+    m_tok = live & (i >= 0)
+    m_cv = live & (i < 0)
+    xt = tl.load(tok_ptr + (bos + i).to(tl.int64)[:, None] * s_tok + offs_c[None, :], mask=m_tok[:, None], other=0.0)
+    xc = tl.load(conv_base + (3 + i)[:, None] * s_row + ch[None, :], mask=m_cv[:, None], other=0.0)
+    return tl.where(m_tok[:, None], xt.to(tl.float32), xc.to(tl.float32))
+
+
+@triton.jit
+def _prefix_sum_pair(g):
+    """Inclusive prefix sum over rows of ``g [TD, C]`` as fp32 ``(hi, lo)`` with ``hi + lo`` = the
+    fp64 sum: differences of ``hi`` are exact for nearby values (Sterbenz), so ``G_t - G_s`` keeps
+    its accuracy when ``|G|`` is large and the difference small."""
+    G = tl.cumsum(g.to(tl.float64), axis=0)
+    hi = G.to(tl.float32)
+    lo = (G - hi.to(tl.float64)).to(tl.float32)
+    return hi, lo
+
+
+@triton.jit
+def _pair_decay(hi, lo, TD: tl.constexpr):
+    """``D[t, s, c] = e^{G_t[c] - G_s[c]}`` for ``s <= t``, else 0: ``[TD, TD, C]``."""
+    x = (hi[:, None, :] - hi[None, :, :]) + (lo[:, None, :] - lo[None, :, :])
+    r = tl.arange(0, TD)
+    causal = (r[None, :] <= r[:, None])[:, :, None]
+    return tl.where(causal, tl.exp(tl.minimum(x, 0.0)), 0.0)
+
+
+@triton.jit
+def _unit_lower_inverse(Nm, TD: tl.constexpr):
+    """``(I + Nm)^-1`` for a strictly lower-triangular ``Nm [TD, TD]`` (TD a power of two <= 64):
+    ``(I - N)(I + N^2)(I + N^4)...`` since ``N^TD = 0``; exact-fp32 (IEEE) products."""
+    r = tl.arange(0, TD)
+    X = tl.where(r[:, None] == r[None, :], 1.0, 0.0) - Nm
+    Pw = Nm
+    if TD > 2:
+        Pw = tl.dot(Pw, Pw, input_precision="ieee")  # N^2
+        X = X + tl.dot(X, Pw, input_precision="ieee")
+    if TD > 4:
+        Pw = tl.dot(Pw, Pw, input_precision="ieee")  # N^4
+        X = X + tl.dot(X, Pw, input_precision="ieee")
+    if TD > 8:
+        Pw = tl.dot(Pw, Pw, input_precision="ieee")  # N^8
+        X = X + tl.dot(X, Pw, input_precision="ieee")
+    if TD > 16:
+        Pw = tl.dot(Pw, Pw, input_precision="ieee")  # N^16
+        X = X + tl.dot(X, Pw, input_precision="ieee")
+    if TD > 32:
+        Pw = tl.dot(Pw, Pw, input_precision="ieee")  # N^32
+        X = X + tl.dot(X, Pw, input_precision="ieee")
+    return X
+
+
+@triton.jit
+def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr):
+    """``A[t, s] = sum_c yk_t yk_s e^{G_t - G_s}`` and ``M[t, s] = sum_c yq_t yk_s e^{G_t - G_s}`` over
+    the chunk's channels, for ``s <= t`` (else 0), unnormalised.
+
+    Fast path (tensor cores): ``e^{G_t - G_s} = e^{G_t - G_m} e^{G_m - G_s}`` with ``m`` the middle
+    row, when every ``|G - G_m|`` of the chunk is below 40 (factors within ``e^{+-40}``, no overflow;
+    always the case for a lower-bounded gate of -5 and windows up to 16). Otherwise the exact
+    pairwise form (``_pair_decay``, ``[TP, TP, C]`` exponentials)."""
+    r = tl.arange(0, TP)
+    mid = r[:, None] == (TP // 2 - 1)
+    hm = tl.sum(tl.where(mid, hi, 0.0), axis=0)[None, :]
+    lm = tl.sum(tl.where(mid, lo, 0.0), axis=0)[None, :]
+    x = (hi - hm) + (lo - lm)
+    causal = r[None, :] <= r[:, None]
+    if tl.max(tl.max(tl.where(m_live, tl.abs(x), 0.0), axis=1), axis=0) < 40.0:
+        right = tl.trans(yk * tl.exp(-x))  # [C, TP]
+        A = tl.where(causal, tl.dot(yk * tl.exp(x), right, input_precision="tf32x3"), 0.0)
+        M = tl.where(causal, tl.dot(yq * tl.exp(x), right, input_precision="tf32x3"), 0.0)
+    else:
+        D = _pair_decay(hi, lo, TP)
+        A = tl.sum(yk[:, None, :] * yk[None, :, :] * D, axis=2)
+        M = tl.sum(yq[:, None, :] * yk[None, :, :] * D, axis=2)
+    return A, M
+
+
+@triton.jit
+def _unit_lower_inverse_rows(Nm, TP: tl.constexpr):
+    """``(I + Nm)^-1`` for a strictly lower-triangular ``Nm [TP, TP]`` by forward substitution
+    (row t = e_t - sum_{s<t} Nm[t, s] row s): no tl.dot, so any TP >= 2 works."""
+    r = tl.arange(0, TP)
+    X = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    for t in tl.static_range(1, TP):
+        n_t = tl.sum(tl.where(r[:, None] == t, Nm, 0.0), axis=0)  # Nm[t, :]
+        X = tl.where(r[:, None] == t, X - tl.sum(n_t[:, None] * X, axis=0)[None, :], X)
+    return X
+
+
+@triton.jit
+def _mm_small(a, b, K: tl.constexpr):
+    """``a [M, K] @ b [K, N]`` in fp32: tl.dot (IEEE) when K allows it, else broadcast-multiply-sum."""
+    if K >= 16:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.sum(a[:, :, None] * b[None, :, :], axis=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Ring-mode verify: prep kernel (per request and head) + streaming kernel (per V-tile)
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["H", "s_b_t", "s_b_h", "s_rb_slot", "s_rb_h", "s_rb_t"])
+def _verify_prep_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr, dt_bias_ptr,
+    conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr,
+    rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr,
+    H, lower_bound, scale,
+    s_q_t, s_q_h, s_k_t, s_k_h, s_a_t, s_a_h, s_b_t, s_b_h,
+    s_w, s_conv_slot, s_conv_row,
+    s_icw_row, s_icw_step, s_icw_win,
+    s_rk_slot, s_rk_h, s_rk_t, s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t,
+    STEPS: tl.constexpr, TP: tl.constexpr, BK: tl.constexpr,
+    ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, USE_PDL: tl.constexpr = False,
+):
+    """Program (n, h): everything of the window that does not touch the state.
+
+    Writes the q/k conv windows, the rawk / g / beta rings and, for the streaming kernel,
+    ``ws[n, h] = [q o e^G ; k o e^G]`` (``[2, TP, 128]`` fp32, unnormalised, zero rows past the
+    request) and ``wp[n, h] = [P (TP x TP) | rq (TP) | rk (TP)]`` with
+    ``P = M (I + diag(beta) A)^-1 diag(beta)`` on normalised q/k, ``rq``/``rk`` the norm scales."""
+    if USE_PDL:  # programmatic dependent launch: reads wait for the producer kernel
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    KD: tl.constexpr = 128
+    offs_t = tl.arange(0, TP)
+    h64 = h.to(tl.int64)
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    if slot >= 0:
+        bos = tl.load(cu_ptr + n)
+        n_tok = tl.minimum(tl.load(cu_ptr + n + 1) - bos, STEPS)
+        live = offs_t < n_tok
+        m_live = live[:, None]
+        row = tl.load(irow_ptr + n).to(tl.int64)
+        cbase = conv_ptr + slot * s_conv_slot
+        icw_base = icw_ptr + row * s_icw_row + offs_t.to(tl.int64)[:, None] * s_icw_step
+        icw_ty = icw_ptr.dtype.element_ty
+        A = tl.exp(tl.load(A_log_ptr + h))
+        beta = tl.where(live, _sigmoid(tl.load(b_ptr + (bos + offs_t).to(tl.int64) * s_b_t + h64 * s_b_h,
+                                                mask=live, other=0.0).to(tl.float32)), 0.0)
+        q_base = q_ptr + h64 * s_q_h
+        k_base = k_ptr + h64 * s_k_h
+        a_tile = a_ptr + h64 * s_a_h + (bos + offs_t).to(tl.int64)[:, None] * s_a_t
+        rk_tile = rk_ptr + slot * s_rk_slot + h64 * s_rk_h + offs_t.to(tl.int64)[:, None] * s_rk_t
+        rg_tile = rg_ptr + slot * s_rg_slot + h64 * s_rg_h + offs_t.to(tl.int64)[:, None] * s_rg_t
+        ws_tile = ws_ptr + (n * H + h).to(tl.int64) * (2 * TP * KD) + offs_t[:, None] * KD
+
+        ssq_q = tl.zeros([TP], dtype=tl.float64)  # fp64 sums of squares, as common._l2norm
+        ssq_k = tl.zeros([TP], dtype=tl.float64)
+        A_raw = tl.zeros([TP, TP], dtype=tl.float32)  # unnormalised k.k and q.k pair sums
+        M_raw = tl.zeros([TP, TP], dtype=tl.float32)
+        for c in range(0, KD, BK):
+            offs_c = c + tl.arange(0, BK)
+            ch_q = h * KD + offs_c
+            ch_k = H * KD + h * KD + offs_c
+            wq = w_ptr + ch_q.to(tl.int64) * s_w
+            wk = w_ptr + ch_k.to(tl.int64) * s_w
+            # conv inputs x_{t-3} .. x_t of every window row (zeros past the request)
+            xq3 = _shift_tile(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 3)
+            xq2 = _shift_tile(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 2)
+            xq1 = _shift_tile(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 1)
+            xq0 = _shift_tile(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 0)
+            xk3 = _shift_tile(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 3)
+            xk2 = _shift_tile(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 2)
+            xk1 = _shift_tile(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 1)
+            xk0 = _shift_tile(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 0)
+            yq = _round_act(_conv_silu(xq3, xq2, xq1, xq0, tl.load(wq)[None, :], tl.load(wq + 1)[None, :],
+                                       tl.load(wq + 2)[None, :], tl.load(wq + 3)[None, :]), ACT_BF16)
+            yk = _round_act(_conv_silu(xk3, xk2, xk1, xk0, tl.load(wk)[None, :], tl.load(wk + 1)[None, :],
+                                       tl.load(wk + 2)[None, :], tl.load(wk + 3)[None, :]), ACT_BF16)
+            at = tl.load(a_tile + offs_c[None, :], mask=m_live, other=0.0).to(tl.float32)
+            dtb = tl.load(dt_bias_ptr + h * KD + offs_c)
+            g = tl.where(m_live, _kda_gate(at, dtb[None, :], A, lower_bound, USE_LB), 0.0)
+            # conv window after each token (x_{t-2}, x_{t-1}, x_t) and the rawk / g rings
+            tl.store(icw_base + ch_q[None, :], xq2.to(icw_ty), mask=m_live)
+            tl.store(icw_base + s_icw_win + ch_q[None, :], xq1.to(icw_ty), mask=m_live)
+            tl.store(icw_base + 2 * s_icw_win + ch_q[None, :], xq0.to(icw_ty), mask=m_live)
+            tl.store(icw_base + ch_k[None, :], xk2.to(icw_ty), mask=m_live)
+            tl.store(icw_base + s_icw_win + ch_k[None, :], xk1.to(icw_ty), mask=m_live)
+            tl.store(icw_base + 2 * s_icw_win + ch_k[None, :], xk0.to(icw_ty), mask=m_live)
+            tl.store(rk_tile + offs_c[None, :], yk.to(rk_ptr.dtype.element_ty), mask=m_live)
+            tl.store(rg_tile + offs_c[None, :], g, mask=m_live)
+            yqd = yq.to(tl.float64)
+            ykd = yk.to(tl.float64)
+            ssq_q += tl.sum(yqd * yqd, axis=1)
+            ssq_k += tl.sum(ykd * ykd, axis=1)
+
+            hi, lo = _prefix_sum_pair(g)
+            A_c, M_c = _pair_sums(yq, yk, hi, lo, m_live, TP)
+            A_raw += A_c
+            M_raw += M_c
+            eG = tl.exp(hi + lo)
+            tl.store(ws_tile + offs_c[None, :], yq * eG)
+            tl.store(ws_tile + TP * KD + offs_c[None, :], yk * eG)
+
+        rq = tl.rsqrt((ssq_q + 1e-6).to(tl.float32)) * scale
+        rk = tl.rsqrt((ssq_k + 1e-6).to(tl.float32))
+        lower = offs_t[:, None] > offs_t[None, :]
+        diag = offs_t[:, None] == offs_t[None, :]
+        Nm = tl.where(lower, A_raw * rk[:, None] * rk[None, :] * beta[:, None], 0.0)
+        Mm = tl.where(lower | diag, M_raw * rq[:, None] * rk[None, :], 0.0)
+        P = _mm_small(Mm, _unit_lower_inverse_rows(Nm, TP), TP) * beta[None, :]  # [t, s]
+        wp = wp_ptr + (n * H + h).to(tl.int64) * (TP * TP + 2 * TP)
+        tl.store(wp + offs_t[:, None] * TP + offs_t[None, :], P)
+        tl.store(wp + TP * TP + offs_t, rq)
+        tl.store(wp + TP * TP + TP + offs_t, rk)
+        tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t, beta, mask=live)
+
+
+@triton.jit(do_not_specialize=["N", "T", "H", "s_rv_slot", "s_rv_h", "s_rv_t"])
+def _verify_stream_kernel(
+    v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, ws_ptr, wp_ptr,
+    N, T, H,
+    s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row,
+    s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t,
+    STEPS: tl.constexpr, TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+    ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
+):
+    """Program (iv, n, h): stream the state tile ``[BV, 128]`` through two ``tl.dot`` with the prep
+    kernel's ``q o e^G`` / ``k o e^G``, then ``O^T = S0 Qg^T rq + (V^T - S0 Kg^T rk) P^T``; also the
+    V-tile's conv windows and rawv ring."""
+    if USE_PDL:  # waits for the prep kernel (the previous launch on the stream) to finish
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    iv = tl.program_id(0)
+    n = tl.program_id(1)
+    h = tl.program_id(2)
+    KD: tl.constexpr = 128
+    offs_v = iv * BV + tl.arange(0, BV)
+    offs_t = tl.arange(0, TP)
+    out_ty = out_ptr.dtype.element_ty
+    h64 = h.to(tl.int64)
+
+    # Output rows no request covers ([cu_seqlens[N], T)): zero the dense positions of block n.
+    cu_end = tl.load(cu_ptr + N)
+    p_d = n * STEPS + offs_t
+    tl.store(out_ptr + p_d.to(tl.int64)[None, :] * s_o_t + h64 * s_o_h + offs_v[:, None],
+             tl.zeros([BV, TP], dtype=tl.float32).to(out_ty),
+             mask=((offs_t < STEPS) & (p_d >= cu_end) & (p_d < T))[None, :])
+
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    bos = tl.load(cu_ptr + n)
+    n_tok = tl.minimum(tl.load(cu_ptr + n + 1) - bos, STEPS)
+    live = offs_t < n_tok
+    o_ptrs = out_ptr + (bos + offs_t).to(tl.int64)[None, :] * s_o_t + h64 * s_o_h + offs_v[:, None]
+    if slot < 0:
+        # CUDA-graph padding: read nothing from the slot, write nothing but zeros to out.
+        tl.store(o_ptrs, tl.zeros([BV, TP], dtype=tl.float32).to(out_ty), mask=live[None, :])
+    else:
+        s_tile = ssm_ptr + slot * s_ssm_slot + h64 * (KD * KD) + offs_v[:, None] * KD
+        ws_tile = ws_ptr + (n * H + h).to(tl.int64) * (2 * TP * KD) + offs_t[:, None] * KD
+        acc_q = tl.zeros([BV, TP], dtype=tl.float32)
+        acc_k = tl.zeros([BV, TP], dtype=tl.float32)
+        for c in range(0, KD, BK):
+            offs_c = c + tl.arange(0, BK)
+            S0 = tl.load(s_tile + offs_c[None, :])
+            acc_q = tl.dot(S0, tl.trans(tl.load(ws_tile + offs_c[None, :])), acc_q, input_precision=DOT_PREC)
+            acc_k = tl.dot(S0, tl.trans(tl.load(ws_tile + TP * KD + offs_c[None, :])), acc_k,
+                           input_precision=DOT_PREC)
+        wp = wp_ptr + (n * H + h).to(tl.int64) * (TP * TP + 2 * TP)
+        P = tl.load(wp + offs_t[:, None] * TP + offs_t[None, :])
+        rq = tl.load(wp + TP * TP + offs_t)
+        rk = tl.load(wp + TP * TP + TP + offs_t)
+
+        # v channels of this V-tile: conv, windows, rawv ring
+        row = tl.load(irow_ptr + n).to(tl.int64)
+        m_live = live[:, None]
+        cbase = conv_ptr + slot * s_conv_slot
+        icw_base = icw_ptr + row * s_icw_row + offs_t.to(tl.int64)[:, None] * s_icw_step
+        icw_ty = icw_ptr.dtype.element_ty
+        ch_v = 2 * H * KD + h * KD + offs_v
+        v_base = v_ptr + h64 * s_v_h
+        xv3 = _shift_tile(v_base, s_v_t, offs_v, cbase, s_conv_row, ch_v, offs_t, bos, n_tok, 3)
+        xv2 = _shift_tile(v_base, s_v_t, offs_v, cbase, s_conv_row, ch_v, offs_t, bos, n_tok, 2)
+        xv1 = _shift_tile(v_base, s_v_t, offs_v, cbase, s_conv_row, ch_v, offs_t, bos, n_tok, 1)
+        xv0 = _shift_tile(v_base, s_v_t, offs_v, cbase, s_conv_row, ch_v, offs_t, bos, n_tok, 0)
+        wv = w_ptr + ch_v.to(tl.int64) * s_w
+        yv = _round_act(_conv_silu(xv3, xv2, xv1, xv0, tl.load(wv)[None, :], tl.load(wv + 1)[None, :],
+                                   tl.load(wv + 2)[None, :], tl.load(wv + 3)[None, :]), ACT_BF16)
+        tl.store(icw_base + ch_v[None, :], xv2.to(icw_ty), mask=m_live)
+        tl.store(icw_base + s_icw_win + ch_v[None, :], xv1.to(icw_ty), mask=m_live)
+        tl.store(icw_base + 2 * s_icw_win + ch_v[None, :], xv0.to(icw_ty), mask=m_live)
+        tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
+                 + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=m_live)
+
+        Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
+        o = acc_q * rq[None, :] + _mm_small(Z, tl.trans(P), TP)
+        tl.store(o_ptrs, _round_act(o, ACT_BF16).to(out_ty), mask=live[None, :])
+
+
+def window_rows(steps: int) -> int:
+    """Rows of the fold's window tiles: a power of two >= 16 (the smallest tl.dot contraction that
+    every supported Triton accepts for fp32 operands; 3.6 needs 16, 3.8 would take 8)."""
+    return max(16, triton.next_power_of_2(steps))
+
+
+def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_flat, lower_bound, scale, ssm_state,
+                               conv_state, slot_indices, cu_seqlens, intermediate_conv, intermediate_rows,
+                               ring_rawv, ring_rawk, ring_g, ring_beta, N, T, H, steps, act_bf16,
+                               block_v=128, block_k=32, num_warps=4, num_stages=None, dot_precision="tf32x3",
+                               prep_block_k=32, prep_num_warps=4, pdl=False):
+    """Launch the prep and streaming kernels on arguments ``mtp_verify`` has validated.
+
+    Workspace (allocated here, from the caching allocator: CUDA-graph capturable): ``[N, H, 2, TP, 128]``
+    fp32 decayed q/k and ``[N, H, TP*TP + 2*TP]`` fp32 window matrices, ``TP = next_pow2(1 + num_spec)``."""
+    rv, rk, rg, rb = ring_rawv, ring_rawk, ring_g, ring_beta
+    TP = max(2, triton.next_power_of_2(steps))
+    dev = q.device
+    ws = torch.empty((N, H, 2, TP, 128), dtype=torch.float32, device=dev)
+    wp = torch.empty((N, H, TP * TP + 2 * TP), dtype=torch.float32, device=dev)
+    pdl_kw = dict(USE_PDL=True, launch_pdl=True) if pdl else {}
+    _verify_prep_kernel[(N, H)](
+        q, k, a, b, conv_weight, A_flat, dt_flat,
+        conv_state, slot_indices, cu_seqlens, intermediate_conv, intermediate_rows,
+        rk, rg, rb, ws, wp,
+        H, 0.0 if lower_bound is None else lower_bound, scale,
+        q.stride(1), q.stride(2), k.stride(1), k.stride(2), a.stride(1), a.stride(2), b.stride(1), b.stride(2),
+        conv_weight.stride(0), conv_state.stride(0), conv_state.stride(1),
+        intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
+        rk.stride(0), rk.stride(1), rk.stride(2), rg.stride(0), rg.stride(1), rg.stride(2),
+        rb.stride(0), rb.stride(1), rb.stride(2),
+        STEPS=steps, TP=TP, BK=prep_block_k, ACT_BF16=act_bf16, USE_LB=lower_bound is not None,
+        num_warps=prep_num_warps, **pdl_kw,
+    )
+    kw = dict(num_warps=num_warps, **pdl_kw)
+    if num_stages is not None:
+        kw["num_stages"] = num_stages
+    _verify_stream_kernel[(128 // block_v, N, H)](
+        v, out, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens, intermediate_conv,
+        intermediate_rows, rv, ws, wp,
+        N, T, H,
+        v.stride(1), v.stride(2), out.stride(1), out.stride(2), conv_weight.stride(0),
+        ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
+        intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
+        rv.stride(0), rv.stride(1), rv.stride(2),
+        STEPS=steps, TP=TP, BV=block_v, BK=block_k, ACT_BF16=act_bf16, DOT_PREC=dot_precision,
+        **kw,
+    )
+    return out
