@@ -412,6 +412,15 @@ def check_ours(Ts, H, combos=((BF16, LB), (FP32, None), (FP32, LB))):
             ok = e_f <= 2e-5 and e_fs <= 1e-5
             record("fold", T, ok, **{f"vs_f64_{dname(dt)}": e_f, f"vs_snapshot_{dname(dt)}": e_fs,
                                      f"bitexact_vs_snapshot_{dname(dt)}": exact})
+            # the chunked fold (prep + streaming kernels), same requests and accept lengths
+            ssm_c, conv_c = p.ssm_state.clone(), p.conv_state.clone()
+            replayssm_fold(ssm_c, **rings, slot_indices=p.slot_indices, accept_lens=acc_t, conv_state=conv_c,
+                           intermediate_conv=icw, intermediate_rows=p.intermediate_rows, impl="chunked")
+            sync()
+            e_c = rel_err(ssm_c, ssm_r64)
+            e_cs = max([rel_err(ssm_c[s], issm[r, acc[n] - 1]) for n, s, r, ln in live if acc[n] > 0] or [0.0])
+            ok_c = e_c <= 2e-5 and e_cs <= 1e-5 and torch.equal(conv_c, conv_f)
+            record("fold_chunked", T, ok_c, **{f"vs_f64_{dname(dt)}": e_c, f"vs_snapshot_{dname(dt)}": e_cs})
 
 
 def dname(dt):
@@ -578,11 +587,13 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
         if not ring and not snapshot:
             continue
         for cfg in configs.get(kname, [{}]):
-            ck = kname
+            cks = [kname]
             if ring and cfg.get("impl") in ("rows", "chunked"):
-                ck = "verify_ring_" + cfg["impl"]
+                cks = ["verify_ring_" + cfg["impl"]]
+            elif ring:  # the default picks either kernel by (N, H, T): both must have passed
+                cks = [kname, "verify_ring_rows", "verify_ring_chunked"]
             out.append((kname, "ours", cfg, [lambda i=i, c=cfg, r=ring: ours_verify(i, pool, T, r, c) for i in insts],
-                        None if ok(ck, T) else "check failed"))
+                        None if all(ok(c, T) for c in cks) else "check failed"))
         for upn, fn, keys in (("up_verify_unfused", up.verify_unfused, ("conv", "recurrent")),
                               ("up_verify_fused", up.verify_fused, ("fused_verify",))):
             if not up.has(*keys) or (upn == "up_verify_fused" and not ring):
@@ -590,11 +601,12 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
             name = upn + ("_ring" if ring else "_snapshot")
             out.append((name, "sglang", None, [lambda i=i, f=fn, r=ring: f(i, pool, T, r) for i in insts],
                         None if ok(name, T) else "check failed"))
+    fold_ok = ok("fold", T) and ok("fold_chunked", T)  # the default picks either kernel
     for cfg in configs.get("fold", [{}]):
         out.append(("fold", "ours", cfg, [lambda i=i, c=cfg: ours_fold(i, pool, False, c) for i in insts],
-                    None if ok("fold", T) else "check failed"))
+                    None if fold_ok else "check failed"))
     out.append(("fold_conv", "ours", None, [lambda i=i: ours_fold(i, pool, True, {}) for i in insts],
-                None if ok("fold", T) else "check failed"))
+                None if fold_ok else "check failed"))
     if up.has("fold"):
         out.append(("up_fold", "sglang", None, [lambda i=i: up.fold(i, pool) for i in insts],
                     None if ok("up_fold", T) else "check failed"))
@@ -929,17 +941,17 @@ def make_table(rows, bw, Hs, Ns, Ts):
 
 def sweep_configs():
     """Launch configurations timed by --sweep (passed through the wrappers' tuning kwargs)."""
-    v = [dict(impl="chunked", block_v=bv, block_k=bk, num_warps=nw)
-         for bv in (32, 64, 128) for bk in (32, 64) for nw in (4, 8)]
-    v += [dict(impl="chunked", block_v=bv, block_k=32, num_warps=4, num_stages=ns) for bv in (64, 128) for ns in (3, 4)]
-    v += [dict(impl="chunked", block_v=64, block_k=32, num_warps=4, dot_precision="tf32"),
+    v = [dict(impl="chunked", block_v=bv, block_k=32, num_warps=4, num_stages=3, prep_block_k=pbk, prep_num_warps=pnw)
+         for bv in (64, 128) for pbk, pnw in ((16, 1), (16, 2), (32, 2), (32, 4), (64, 4))]
+    v += [dict(impl="chunked", block_v=128, block_k=64, num_warps=8, num_stages=2),
           dict(impl="rows", block_v=32, num_warps=4)]
     return dict(
         verify_ring=v,
-        verify_snapshot=[dict(block_v=bv, num_warps=nw) for bv in (16, 32) for nw in (2, 4)],
-        fold=[dict(impl="chunked", block_v=bv, block_k=32, num_warps=4) for bv in (32, 64)]
+        verify_snapshot=[{}],
+        fold=[dict(impl="chunked", block_v=bv, num_warps=nw, prep_block_k=pbk, prep_num_warps=pnw)
+              for bv, nw in ((16, 4), (32, 4), (32, 8), (64, 8)) for pbk, pnw in ((32, 2), (64, 4))]
         + [dict(impl="rows", block_v=16, num_warps=4)],
-        decode=[dict(impl="rows", block_v=bv, num_warps=nw) for bv in (32, 64, 128) for nw in (1, 2, 4, 8)],
+        decode=[{}],
     )
 
 
@@ -949,7 +961,7 @@ def candidate_configs():
     return dict(
         verify_ring=[{}, dict(impl="rows", block_v=32, num_warps=4)],
         verify_snapshot=[{}],
-        fold=[{}, dict(impl="rows", block_v=16, num_warps=4)],
+        fold=[{}, dict(impl="rows", block_v=16, num_warps=4), dict(impl="chunked")],
         decode=[{}],
     )
 

@@ -180,6 +180,7 @@ def mtp_verify(
     block_v: Optional[int] = None, num_warps: Optional[int] = None,
     block_k: Optional[int] = None, num_stages: Optional[int] = None,
     dot_precision: Optional[str] = None, impl: Optional[str] = None,
+    prep_block_k: Optional[int] = None, prep_num_warps: Optional[int] = None,
 ) -> torch.Tensor:
     """KDA speculative verify of N requests x (1 + num_spec) tokens; state and conv are read-only.
 
@@ -254,6 +255,8 @@ def mtp_verify(
         kernels of :mod:`.mtp_verify_chunked` for large batches / long windows, else the recurrent
         ``[block_v, 128]`` kernel below; snapshot mode: always the recurrent kernel).
         ``"chunked"`` or ``"rows"`` force one (``"chunked"`` falls back to ``"rows"`` in snapshot mode).
+    prep_block_k, prep_num_warps : int, optional
+        Chunked kernel: K-chunk and warps of its prep kernel (one program per request and head).
 
     Exactly one of snapshot mode (``intermediate_ssm``) and ring mode (all four rings) must be used.
 
@@ -338,7 +341,8 @@ def mtp_verify(
             intermediate_rows=intermediate_rows, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
             ring_beta=ring_beta, N=N, T=T, H=H, steps=steps, act_bf16=act == torch.bfloat16,
             block_v=max(16, BV), block_k=max(16, BK), num_warps=warps, num_stages=stages,
-            prep_block_k=cfg.get("prep_block_k", 32), prep_num_warps=cfg.get("prep_num_warps", 4),
+            prep_block_k=prep_block_k or cfg.get("prep_block_k", 32),
+            prep_num_warps=prep_num_warps or cfg.get("prep_num_warps", 4),
             dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"), pdl=bool(LC.pdl_kwargs(dev)))
     extra = {} if stages is None else dict(num_stages=stages)
 

@@ -102,14 +102,15 @@ def _unit_lower_inverse(Nm, TD: tl.constexpr):
 
 
 @triton.jit
-def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr):
+def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr, WITH_Q: tl.constexpr = True):
     """``A[t, s] = sum_c yk_t yk_s e^{G_t - G_s}`` and ``M[t, s] = sum_c yq_t yk_s e^{G_t - G_s}`` over
     the chunk's channels, for ``s <= t`` (else 0), unnormalised.
 
     Fast path (tensor cores): ``e^{G_t - G_s} = e^{G_t - G_m} e^{G_m - G_s}`` with ``m`` the middle
     row, when every ``|G - G_m|`` of the chunk is below 40 (factors within ``e^{+-40}``, no overflow;
     always the case for a lower-bounded gate of -5 and windows up to 16). Otherwise the exact
-    pairwise form (``_pair_decay``, ``[TP, TP, C]`` exponentials)."""
+    pairwise form (``_pair_decay``, ``[TP, TP, C]`` exponentials). ``WITH_Q=False`` (the fold):
+    ``A`` only (returned twice)."""
     r = tl.arange(0, TP)
     mid = r[:, None] == (TP // 2 - 1)
     hm = tl.sum(tl.where(mid, hi, 0.0), axis=0)[None, :]
@@ -119,11 +120,15 @@ def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr):
     if tl.max(tl.max(tl.where(m_live, tl.abs(x), 0.0), axis=1), axis=0) < 40.0:
         right = tl.trans(yk * tl.exp(-x))  # [C, TP]
         A = tl.where(causal, tl.dot(yk * tl.exp(x), right, input_precision="tf32x3"), 0.0)
-        M = tl.where(causal, tl.dot(yq * tl.exp(x), right, input_precision="tf32x3"), 0.0)
+        M = A
+        if WITH_Q:
+            M = tl.where(causal, tl.dot(yq * tl.exp(x), right, input_precision="tf32x3"), 0.0)
     else:
         D = _pair_decay(hi, lo, TP)
         A = tl.sum(yk[:, None, :] * yk[None, :, :] * D, axis=2)
-        M = tl.sum(yq[:, None, :] * yk[None, :, :] * D, axis=2)
+        M = A
+        if WITH_Q:
+            M = tl.sum(yq[:, None, :] * yk[None, :, :] * D, axis=2)
     return A, M
 
 
@@ -302,20 +307,8 @@ def _verify_stream_kernel(
     else:
         s_tile = ssm_ptr + slot * s_ssm_slot + h64 * (KD * KD) + offs_v[:, None] * KD
         ws_tile = ws_ptr + (n * H + h).to(tl.int64) * (2 * TP * KD) + offs_t[:, None] * KD
-        acc_q = tl.zeros([BV, TP], dtype=tl.float32)
-        acc_k = tl.zeros([BV, TP], dtype=tl.float32)
-        for c in range(0, KD, BK):
-            offs_c = c + tl.arange(0, BK)
-            S0 = tl.load(s_tile + offs_c[None, :])
-            acc_q = tl.dot(S0, tl.trans(tl.load(ws_tile + offs_c[None, :])), acc_q, input_precision=DOT_PREC)
-            acc_k = tl.dot(S0, tl.trans(tl.load(ws_tile + TP * KD + offs_c[None, :])), acc_k,
-                           input_precision=DOT_PREC)
-        wp = wp_ptr + (n * H + h).to(tl.int64) * (TP * TP + 2 * TP)
-        P = tl.load(wp + offs_t[:, None] * TP + offs_t[None, :])
-        rq = tl.load(wp + TP * TP + offs_t)
-        rk = tl.load(wp + TP * TP + TP + offs_t)
-
-        # v channels of this V-tile: conv, windows, rawv ring
+        # v channels of this V-tile: conv, windows, rawv ring (before the state loop: their loads
+        # overlap it)
         row = tl.load(irow_ptr + n).to(tl.int64)
         m_live = live[:, None]
         cbase = conv_ptr + slot * s_conv_slot
@@ -335,6 +328,19 @@ def _verify_stream_kernel(
         tl.store(icw_base + 2 * s_icw_win + ch_v[None, :], xv0.to(icw_ty), mask=m_live)
         tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
                  + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=m_live)
+
+        acc_q = tl.zeros([BV, TP], dtype=tl.float32)
+        acc_k = tl.zeros([BV, TP], dtype=tl.float32)
+        for c in range(0, KD, BK):
+            offs_c = c + tl.arange(0, BK)
+            S0 = tl.load(s_tile + offs_c[None, :])
+            acc_q = tl.dot(S0, tl.trans(tl.load(ws_tile + offs_c[None, :])), acc_q, input_precision=DOT_PREC)
+            acc_k = tl.dot(S0, tl.trans(tl.load(ws_tile + TP * KD + offs_c[None, :])), acc_k,
+                           input_precision=DOT_PREC)
+        wp = wp_ptr + (n * H + h).to(tl.int64) * (TP * TP + 2 * TP)
+        P = tl.load(wp + offs_t[:, None] * TP + offs_t[None, :])
+        rq = tl.load(wp + TP * TP + offs_t)
+        rk = tl.load(wp + TP * TP + TP + offs_t)
 
         Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
         o = acc_q * rq[None, :] + _mm_small(Z, tl.trans(P), TP)
