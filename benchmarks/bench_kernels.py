@@ -412,15 +412,6 @@ def check_ours(Ts, H, combos=((BF16, LB), (FP32, None), (FP32, LB))):
             ok = e_f <= 2e-5 and e_fs <= 1e-5
             record("fold", T, ok, **{f"vs_f64_{dname(dt)}": e_f, f"vs_snapshot_{dname(dt)}": e_fs,
                                      f"bitexact_vs_snapshot_{dname(dt)}": exact})
-            # the chunked fold (prep + streaming kernels), same requests and accept lengths
-            ssm_c, conv_c = p.ssm_state.clone(), p.conv_state.clone()
-            replayssm_fold(ssm_c, **rings, slot_indices=p.slot_indices, accept_lens=acc_t, conv_state=conv_c,
-                           intermediate_conv=icw, intermediate_rows=p.intermediate_rows, impl="chunked")
-            sync()
-            e_c = rel_err(ssm_c, ssm_r64)
-            e_cs = max([rel_err(ssm_c[s], issm[r, acc[n] - 1]) for n, s, r, ln in live if acc[n] > 0] or [0.0])
-            ok_c = e_c <= 2e-5 and e_cs <= 1e-5 and torch.equal(conv_c, conv_f)
-            record("fold_chunked", T, ok_c, **{f"vs_f64_{dname(dt)}": e_c, f"vs_snapshot_{dname(dt)}": e_cs})
 
 
 def dname(dt):
@@ -601,7 +592,7 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
             name = upn + ("_ring" if ring else "_snapshot")
             out.append((name, "sglang", None, [lambda i=i, f=fn, r=ring: f(i, pool, T, r) for i in insts],
                         None if ok(name, T) else "check failed"))
-    fold_ok = ok("fold", T) and ok("fold_chunked", T)  # the default picks either kernel
+    fold_ok = ok("fold", T)
     for cfg in configs.get("fold", [{}]):
         out.append(("fold", "ours", cfg, [lambda i=i, c=cfg: ours_fold(i, pool, False, c) for i in insts],
                     None if fold_ok else "check failed"))
@@ -948,9 +939,7 @@ def sweep_configs():
     return dict(
         verify_ring=v,
         verify_snapshot=[{}],
-        fold=[dict(impl="chunked", block_v=bv, num_warps=nw, prep_block_k=pbk, prep_num_warps=pnw)
-              for bv, nw in ((16, 4), (32, 4), (32, 8), (64, 8)) for pbk, pnw in ((32, 2), (64, 4))]
-        + [dict(impl="rows", block_v=16, num_warps=4)],
+        fold=[dict(block_v=bv, num_warps=nw) for bv in (16, 32) for nw in (2, 4)],
         decode=[{}],
     )
 
@@ -961,7 +950,7 @@ def candidate_configs():
     return dict(
         verify_ring=[{}, dict(impl="rows", block_v=32, num_warps=4)],
         verify_snapshot=[{}],
-        fold=[{}, dict(impl="rows", block_v=16, num_warps=4), dict(impl="chunked")],
+        fold=[{}],
         decode=[{}],
     )
 

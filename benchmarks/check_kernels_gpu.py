@@ -37,6 +37,8 @@ if not torch.cuda.is_available():
 
 from kda_testutil import F64, make_problem, rel_err, same_bytes  # noqa: E402
 
+from sglang_dspark_plugin.kernels import launch_config as LC  # noqa: E402
+
 from sglang_dspark_plugin.kernels import decode, mtp_verify, replayssm_fold  # noqa: E402
 from sglang_dspark_plugin.kernels import reference as R  # noqa: E402
 
@@ -116,7 +118,10 @@ def verify_and_fold(N, H, num_spec, dtype, lb, seed, fold=True):
     row["deterministic"] = same_bytes(out_g, out_g2) and all(same_bytes(rings[k], rings2[k]) for k in rings)
     check(row["deterministic"], f"{tag}: ring mode not deterministic run to run")
     del rings2, out_g2
-    check(row["ring==snap"], f"{tag}: ring-mode output differs from snapshot mode")
+    row["ring out"] = rel_err(out_g, out_r)
+    check(not out_g.isnan().any().item() and row["ring out"] <= TOL[dtype], f"{tag}: ring out err {row['ring out']:.2e}")
+    if LC.verify_ring(H, N, steps)["impl"] == "rows":  # the recurrent ring kernel == snapshot mode, bit for bit
+        check(row["ring==snap"], f"{tag}: ring-mode output differs from snapshot mode")
     check(same_bytes(p.ssm_state, ssm0) and same_bytes(p.conv_state, conv0), f"{tag}: state/conv written")
     cu = p.cu_seqlens.tolist()
     pad_ok = bool((out_s[0, cu[-1]:] == 0).all().item())

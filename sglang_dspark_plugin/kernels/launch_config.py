@@ -59,14 +59,11 @@ def verify_rows(H: int, N: int, steps: int) -> dict:
     return dict(block_v=32, num_warps=4)
 
 
-def fold(H: int, N: int, layers: int, ring_len: int) -> dict:
-    """ReplaySSM fold: ``impl`` "rows" (recurrent, one program per (request, layer, head, V-tile))
-    or "chunked" (prep + streaming tl.dot kernels), with tiles."""
+def fold(H: int, N: int, layers: int) -> dict:
+    """ReplaySSM fold: one program per (request, layer, head, V-tile) of ``block_v`` rows."""
     if interpreting():
-        return dict(impl="rows", block_v=32, num_warps=4)
-    if _programs(N, H) * layers >= 512:
-        return dict(impl="chunked", block_v=32, num_warps=4, prep_block_k=32, prep_num_warps=4)
-    return dict(impl="rows", block_v=16, num_warps=4)
+        return dict(block_v=32, num_warps=4)
+    return dict(block_v=16, num_warps=4)
 
 
 def decode(H: int, N: int) -> dict:

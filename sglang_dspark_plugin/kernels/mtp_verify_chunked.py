@@ -1,6 +1,6 @@
-"""Chunked (WY / UT-transform) ring-mode verify, and the helpers the chunked ReplaySSM fold shares.
+"""Chunked (WY / UT-transform) ring-mode verify: a prep kernel and a streaming kernel.
 
-The recurrent kernels (``mtp_verify.py``, ``replayssm_fold.py`` with ``impl="rows"``) make four passes over a
+The recurrent kernel (``mtp_verify.py``, ``impl="rows"``) makes four passes over a
 ``[block_v, 128]`` state tile per token, each K-reduction a warp-shuffle tree: on the H200 that
 is compute-bound from ~4 tokens on. Here the state is contracted with the whole window by
 tensor-core products (``tl.dot``) and the token-to-token coupling is ``T x T`` algebra.
@@ -15,15 +15,20 @@ normalised keys / scaled queries, per-K log-decays ``g_t``, ``G_t = sum_{j <= t}
                  U^T = (I + diag(beta) A)^-1 diag(beta) (V^T - (k o e^G) S0^T)
                  O^T = (q o e^G) S0^T + M U^T
 
-Both chunked kernels (this one and ``replayssm_fold``'s) read the state once per K-chunk and feed it to ``tl.dot`` (``tf32x3`` by default:
-three tf32 products, about fp32 accuracy); everything with ``T`` on both sides is small.
+Split: the *prep* kernel (one program per request and head) does everything that does not touch
+the state -- conv, gates, norms, rings, conv windows, ``A``/``M`` and ``P = M (I + diag(beta) A)^-1
+diag(beta)`` -- and leaves ``q o e^G``, ``k o e^G`` and ``P`` in a small workspace; the *streaming*
+kernel (one program per request, head and V-tile) reads the state once, in K-chunks, into two
+``tl.dot`` (``tf32x3`` by default: three tf32 products, about fp32 accuracy) and combines
+``O^T = S0 Qg^T rq + (V^T - S0 Kg^T rk) P^T``. One kernel doing both ran at low occupancy (255
+registers) and was 2x slower on the H200 (docs/benchmarks.md).
 
 Precision: ``G_t - G_s`` is formed from the prefix sums kept as exact fp32 pairs (hi + lo of an
 fp64 cumsum), so a pairwise decay ``e^{G_t - G_s}`` is as accurate as one ``exp`` of the segment
 sum even after hundreds of log-decay units (large ``|G|``, small difference); only pairs with
 ``s <= t`` are exponentiated (the exponent is clamped at 0), so nothing overflows whatever the gate.
 
-Conv, gates, ring writes and intermediate conv windows use the helpers of ``mtp_verify.py``
+Conv, gates, ring writes and intermediate conv windows use the helpers of ``common.py``
 (same roundings), so the rings and conv windows are the same bytes as the recurrent kernel's.
 """
 
@@ -77,40 +82,14 @@ def _pair_decay(hi, lo, TD: tl.constexpr):
 
 
 @triton.jit
-def _unit_lower_inverse(Nm, TD: tl.constexpr):
-    """``(I + Nm)^-1`` for a strictly lower-triangular ``Nm [TD, TD]`` (TD a power of two <= 64):
-    ``(I - N)(I + N^2)(I + N^4)...`` since ``N^TD = 0``; exact-fp32 (IEEE) products."""
-    r = tl.arange(0, TD)
-    X = tl.where(r[:, None] == r[None, :], 1.0, 0.0) - Nm
-    Pw = Nm
-    if TD > 2:
-        Pw = tl.dot(Pw, Pw, input_precision="ieee")  # N^2
-        X = X + tl.dot(X, Pw, input_precision="ieee")
-    if TD > 4:
-        Pw = tl.dot(Pw, Pw, input_precision="ieee")  # N^4
-        X = X + tl.dot(X, Pw, input_precision="ieee")
-    if TD > 8:
-        Pw = tl.dot(Pw, Pw, input_precision="ieee")  # N^8
-        X = X + tl.dot(X, Pw, input_precision="ieee")
-    if TD > 16:
-        Pw = tl.dot(Pw, Pw, input_precision="ieee")  # N^16
-        X = X + tl.dot(X, Pw, input_precision="ieee")
-    if TD > 32:
-        Pw = tl.dot(Pw, Pw, input_precision="ieee")  # N^32
-        X = X + tl.dot(X, Pw, input_precision="ieee")
-    return X
-
-
-@triton.jit
-def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr, WITH_Q: tl.constexpr = True):
+def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr):
     """``A[t, s] = sum_c yk_t yk_s e^{G_t - G_s}`` and ``M[t, s] = sum_c yq_t yk_s e^{G_t - G_s}`` over
     the chunk's channels, for ``s <= t`` (else 0), unnormalised.
 
     Fast path (tensor cores): ``e^{G_t - G_s} = e^{G_t - G_m} e^{G_m - G_s}`` with ``m`` the middle
     row, when every ``|G - G_m|`` of the chunk is below 40 (factors within ``e^{+-40}``, no overflow;
     always the case for a lower-bounded gate of -5 and windows up to 16). Otherwise the exact
-    pairwise form (``_pair_decay``, ``[TP, TP, C]`` exponentials). ``WITH_Q=False`` (the fold):
-    ``A`` only (returned twice)."""
+    pairwise form (``_pair_decay``, ``[TP, TP, C]`` exponentials)."""
     r = tl.arange(0, TP)
     mid = r[:, None] == (TP // 2 - 1)
     hm = tl.sum(tl.where(mid, hi, 0.0), axis=0)[None, :]
@@ -120,15 +99,11 @@ def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr, WITH_Q: tl.constexpr = 
     if tl.max(tl.max(tl.where(m_live, tl.abs(x), 0.0), axis=1), axis=0) < 40.0:
         right = tl.trans(yk * tl.exp(-x))  # [C, TP]
         A = tl.where(causal, tl.dot(yk * tl.exp(x), right, input_precision="tf32x3"), 0.0)
-        M = A
-        if WITH_Q:
-            M = tl.where(causal, tl.dot(yq * tl.exp(x), right, input_precision="tf32x3"), 0.0)
+        M = tl.where(causal, tl.dot(yq * tl.exp(x), right, input_precision="tf32x3"), 0.0)
     else:
         D = _pair_decay(hi, lo, TP)
         A = tl.sum(yk[:, None, :] * yk[None, :, :] * D, axis=2)
-        M = A
-        if WITH_Q:
-            M = tl.sum(yq[:, None, :] * yk[None, :, :] * D, axis=2)
+        M = tl.sum(yq[:, None, :] * yk[None, :, :] * D, axis=2)
     return A, M
 
 
@@ -307,8 +282,21 @@ def _verify_stream_kernel(
     else:
         s_tile = ssm_ptr + slot * s_ssm_slot + h64 * (KD * KD) + offs_v[:, None] * KD
         ws_tile = ws_ptr + (n * H + h).to(tl.int64) * (2 * TP * KD) + offs_t[:, None] * KD
-        # v channels of this V-tile: conv, windows, rawv ring (before the state loop: their loads
-        # overlap it)
+        acc_q = tl.zeros([BV, TP], dtype=tl.float32)
+        acc_k = tl.zeros([BV, TP], dtype=tl.float32)
+        for c in range(0, KD, BK):
+            offs_c = c + tl.arange(0, BK)
+            S0 = tl.load(s_tile + offs_c[None, :])
+            acc_q = tl.dot(S0, tl.trans(tl.load(ws_tile + offs_c[None, :])), acc_q, input_precision=DOT_PREC)
+            acc_k = tl.dot(S0, tl.trans(tl.load(ws_tile + TP * KD + offs_c[None, :])), acc_k,
+                           input_precision=DOT_PREC)
+        wp = wp_ptr + (n * H + h).to(tl.int64) * (TP * TP + 2 * TP)
+        P = tl.load(wp + offs_t[:, None] * TP + offs_t[None, :])
+        rq = tl.load(wp + TP * TP + offs_t)
+        rk = tl.load(wp + TP * TP + TP + offs_t)
+
+        # v channels of this V-tile: conv, windows, rawv ring (after the state loop: measured ~5 %
+        # faster at 16-token windows than issuing these loads first)
         row = tl.load(irow_ptr + n).to(tl.int64)
         m_live = live[:, None]
         cbase = conv_ptr + slot * s_conv_slot
@@ -329,28 +317,9 @@ def _verify_stream_kernel(
         tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
                  + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=m_live)
 
-        acc_q = tl.zeros([BV, TP], dtype=tl.float32)
-        acc_k = tl.zeros([BV, TP], dtype=tl.float32)
-        for c in range(0, KD, BK):
-            offs_c = c + tl.arange(0, BK)
-            S0 = tl.load(s_tile + offs_c[None, :])
-            acc_q = tl.dot(S0, tl.trans(tl.load(ws_tile + offs_c[None, :])), acc_q, input_precision=DOT_PREC)
-            acc_k = tl.dot(S0, tl.trans(tl.load(ws_tile + TP * KD + offs_c[None, :])), acc_k,
-                           input_precision=DOT_PREC)
-        wp = wp_ptr + (n * H + h).to(tl.int64) * (TP * TP + 2 * TP)
-        P = tl.load(wp + offs_t[:, None] * TP + offs_t[None, :])
-        rq = tl.load(wp + TP * TP + offs_t)
-        rk = tl.load(wp + TP * TP + TP + offs_t)
-
         Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
         o = acc_q * rq[None, :] + _mm_small(Z, tl.trans(P), TP)
         tl.store(o_ptrs, _round_act(o, ACT_BF16).to(out_ty), mask=live[None, :])
-
-
-def window_rows(steps: int) -> int:
-    """Rows of the fold's window tiles: a power of two >= 16 (the smallest tl.dot contraction that
-    every supported Triton accepts for fp32 operands; 3.6 needs 16, 3.8 would take 8)."""
-    return max(16, triton.next_power_of_2(steps))
 
 
 def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_flat, lower_bound, scale, ssm_state,

@@ -19,7 +19,6 @@ import triton.language as tl
 from . import launch_config as LC
 from . import validation as V
 from .common import _delta_step, _l2norm
-from .mtp_verify_chunked import _pair_sums, _prefix_sum_pair, _unit_lower_inverse_rows
 
 DEFAULT_BLOCK_V = 32
 DEFAULT_NUM_WARPS = 4
@@ -97,144 +96,6 @@ def _replayssm_fold_kernel(
                        s_conv_layer, s_conv_slot, s_conv_row, s_icw_layer, s_icw_row, s_icw_step, s_icw_win)
 
 
-# ----------------------------------------------------------------------------------------------
-# Chunked fold: prep kernel (per request, layer, head) + streaming kernel (per V-tile)
-# ----------------------------------------------------------------------------------------------
-
-@triton.jit(do_not_specialize=["H", "L", "s_rb_layer", "s_rb_slot", "s_rb_h", "s_rb_t"])
-def _fold_prep_kernel(
-    rk_ptr, rg_ptr, rb_ptr, slot_ptr, acc_ptr, wp_ptr,
-    H, L,
-    s_rk_layer, s_rk_slot, s_rk_h, s_rk_t,
-    s_rg_layer, s_rg_slot, s_rg_h, s_rg_t,
-    s_rb_layer, s_rb_slot, s_rb_h, s_rb_t,
-    TP: tl.constexpr, BK: tl.constexpr, USE_PDL: tl.constexpr = False,
-):
-    """Program (n, layer*H + h): ``wp[n, layer*H + h] = [W (TP x TP) | rk (TP)]`` with
-    ``W = (I + diag(beta) A)^-1 diag(beta)`` over the accepted steps (normalised keys) and ``rk``
-    the key norm scales. The only part of the fold that couples all K channels of the window."""
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    n = tl.program_id(0)
-    lh = tl.program_id(1)
-    KD: tl.constexpr = 128
-    layer = (lh // H).to(tl.int64)
-    h64 = (lh % H).to(tl.int64)
-    offs_t = tl.arange(0, TP)
-    slot = tl.load(slot_ptr + n).to(tl.int64)
-    acc = tl.load(acc_ptr + n)
-    if (slot >= 0) & (acc > 0):
-        live = offs_t < tl.minimum(acc, L)
-        m_live = live[:, None]
-        rk_tile = (rk_ptr + layer * s_rk_layer + slot * s_rk_slot + h64 * s_rk_h
-                   + offs_t.to(tl.int64)[:, None] * s_rk_t)
-        rg_tile = (rg_ptr + layer * s_rg_layer + slot * s_rg_slot + h64 * s_rg_h
-                   + offs_t.to(tl.int64)[:, None] * s_rg_t)
-        beta = tl.load(rb_ptr + layer * s_rb_layer + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t,
-                       mask=live, other=0.0)
-        ssq_k = tl.zeros([TP], dtype=tl.float64)  # fp64 sums of squares, as common._l2norm
-        A_raw = tl.zeros([TP, TP], dtype=tl.float32)
-        for c in range(0, KD, BK):
-            offs_c = c + tl.arange(0, BK)
-            yk = tl.load(rk_tile + offs_c[None, :], mask=m_live, other=0.0).to(tl.float32)
-            g = tl.load(rg_tile + offs_c[None, :], mask=m_live, other=0.0)
-            ykd = yk.to(tl.float64)
-            ssq_k += tl.sum(ykd * ykd, axis=1)
-            hi, lo = _prefix_sum_pair(g)
-            A_c, _ = _pair_sums(yk, yk, hi, lo, m_live, TP, False)
-            A_raw += A_c
-        rk = tl.rsqrt((ssq_k + 1e-6).to(tl.float32))
-        Nm = tl.where(offs_t[:, None] > offs_t[None, :], A_raw * rk[:, None] * rk[None, :] * beta[:, None], 0.0)
-        W = _unit_lower_inverse_rows(Nm, TP) * beta[None, :]
-        wp = wp_ptr + (n * tl.num_programs(1) + lh).to(tl.int64) * (TP * TP + TP)
-        tl.store(wp + offs_t[:, None] * TP + offs_t[None, :], W)
-        tl.store(wp + TP * TP + offs_t, rk)
-
-
-@triton.jit
-def _decayed_keys(yk, hi, lo, rows, j):
-    """Row j of the prefix sums as ``e^{G_j}`` and ``yk_s e^{G_j - G_s}`` for rows ``s <= j`` (else 0)."""
-    sel = rows[:, None] == j
-    hj = tl.sum(tl.where(sel, hi, 0.0), axis=0)
-    lj = tl.sum(tl.where(sel, lo, 0.0), axis=0)
-    kd = tl.where(rows[:, None] <= j, yk * tl.exp(tl.minimum((hj[None, :] - hi) + (lj[None, :] - lo), 0.0)), 0.0)
-    return tl.exp(hj + lj), kd
-
-
-@triton.jit(do_not_specialize=["H", "L", "ICW_STEPS", "s_rb_layer", "s_rb_slot", "s_rb_h", "s_rb_t"])
-def _fold_stream_kernel(
-    ssm_ptr, rv_ptr, rk_ptr, rg_ptr, slot_ptr, acc_ptr, wp_ptr,
-    conv_ptr, icw_ptr, irow_ptr, tslot_ptr, tstep_ptr,
-    H, L, ICW_STEPS,
-    s_ssm_layer, s_ssm_slot,
-    s_rv_layer, s_rv_slot, s_rv_h, s_rv_t,
-    s_rk_layer, s_rk_slot, s_rk_h, s_rk_t,
-    s_rg_layer, s_rg_slot, s_rg_h, s_rg_t,
-    s_conv_layer, s_conv_slot, s_conv_row,
-    s_icw_layer, s_icw_row, s_icw_step, s_icw_win,
-    TP: tl.constexpr, TD: tl.constexpr, BV: tl.constexpr, DOT_PREC: tl.constexpr,
-    CONV: tl.constexpr, TRACK: tl.constexpr, USE_PDL: tl.constexpr = False,
-):
-    """Program (iv, n, layer*H + h): with ``a`` accepted steps and the prep's ``W``, ``rk``::
-
-        U = (V^T - S0 (k o e^G)^T rk) W^T              [BV, T]
-        S_{a-1} = S0 diag(e^{G_{a-1}}) + (U rk) Kd      Kd[s] = k_s o e^{G_{a-1} - G_s}, s < a
-
-    (unnormalised keys from the rawk ring; ``rk`` scales them). The state tile is read once,
-    kept in registers and written once. Rows of the window tiles: ``TD >= 16`` (tl.dot), rows
-    past the prep's ``TP`` or past ``a`` are zero."""
-    if USE_PDL:  # waits for the prep kernel (the previous launch on the stream) to finish
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
-    iv = tl.program_id(0)
-    n = tl.program_id(1)
-    lh = tl.program_id(2)
-    KD: tl.constexpr = 128
-    layer = (lh // H).to(tl.int64)
-    h = lh % H
-    h64 = h.to(tl.int64)
-    offs_k = tl.arange(0, KD)
-    offs_v = iv * BV + tl.arange(0, BV)
-    offs_t = tl.arange(0, TD)
-
-    slot = tl.load(slot_ptr + n).to(tl.int64)
-    acc = tl.load(acc_ptr + n)
-    if (slot >= 0) & (acc > 0):
-        n_acc = tl.minimum(acc, L)
-        m_live = (offs_t < n_acc)[:, None]
-        s_layer = ssm_ptr + layer * s_ssm_layer
-        tile = h64 * (KD * KD) + offs_v[:, None] * KD + offs_k[None, :]
-        S0 = tl.load(s_layer + slot * s_ssm_slot + tile)
-        yk = tl.load(rk_ptr + layer * s_rk_layer + slot * s_rk_slot + h64 * s_rk_h
-                     + offs_t.to(tl.int64)[:, None] * s_rk_t + offs_k[None, :], mask=m_live, other=0.0).to(tl.float32)
-        g = tl.load(rg_ptr + layer * s_rg_layer + slot * s_rg_slot + h64 * s_rg_h
-                    + offs_t.to(tl.int64)[:, None] * s_rg_t + offs_k[None, :], mask=m_live, other=0.0)
-        yv = tl.load(rv_ptr + layer * s_rv_layer + slot * s_rv_slot + h64 * s_rv_h
-                     + offs_t.to(tl.int64)[:, None] * s_rv_t + offs_v[None, :], mask=m_live, other=0.0)
-        wp = wp_ptr + (n * tl.num_programs(2) + lh).to(tl.int64) * (TP * TP + TP)
-        m_tp = offs_t < TP
-        W = tl.load(wp + offs_t[:, None] * TP + offs_t[None, :], mask=m_tp[:, None] & m_tp[None, :], other=0.0)
-        rk = tl.load(wp + TP * TP + offs_t, mask=m_tp, other=0.0)
-
-        hi, lo = _prefix_sum_pair(g)
-        acc_k = tl.dot(S0, tl.trans(yk * tl.exp(hi + lo)), input_precision=DOT_PREC)  # [BV, TD]
-        Z = tl.trans(yv.to(tl.float32)) - acc_k * rk[None, :]
-        U = tl.dot(Z, tl.trans(W), input_precision="ieee") * rk[None, :]  # u_s scaled by rk_s
-        eGl, Kd = _decayed_keys(yk, hi, lo, offs_t, n_acc - 1)
-        S1 = S0 * eGl[None, :] + tl.dot(U, Kd, input_precision=DOT_PREC)
-        if TRACK:
-            tslot = tl.load(tslot_ptr + n).to(tl.int64)
-            tstep = tl.load(tstep_ptr + n)
-            if (tslot >= 0) & (tstep >= 0) & (tstep < n_acc):
-                eGt, Kt = _decayed_keys(yk, hi, lo, offs_t, tstep)
-                tl.store(s_layer + tslot * s_ssm_slot + tile, S0 * eGt[None, :] + tl.dot(U, Kt, input_precision=DOT_PREC))
-        tl.store(s_layer + slot * s_ssm_slot + tile, S1)
-        if CONV:
-            _roll_conv(conv_ptr, icw_ptr, irow_ptr, n, layer, slot, h, H, n_acc, ICW_STEPS, offs_v,
-                       s_conv_layer, s_conv_slot, s_conv_row, s_icw_layer, s_icw_row, s_icw_step, s_icw_win)
-
-
 def _layered(t: Optional[torch.Tensor], single_dim: int) -> Optional[torch.Tensor]:
     return t.unsqueeze(0) if t is not None and isinstance(t, torch.Tensor) and t.dim() == single_dim else t
 
@@ -246,8 +107,7 @@ def replayssm_fold(
     intermediate_rows: Optional[torch.Tensor] = None,
     track_slot_indices: Optional[torch.Tensor] = None, track_steps: Optional[torch.Tensor] = None,
     scale: Optional[float] = None, block_v: Optional[int] = None, num_warps: Optional[int] = None,
-    impl: Optional[str] = None, prep_block_k: Optional[int] = None, prep_num_warps: Optional[int] = None,
-    dot_precision: Optional[str] = None,
+    impl: Optional[str] = None,
 ) -> torch.Tensor:
     """Fold the accepted prefix of every request's verify rings into the persistent state, all layers.
 
@@ -290,13 +150,10 @@ def replayssm_fold(
     block_v, num_warps : int, optional
         Tuning knobs (defaults from :mod:`.launch_config`): V-tile rows per program, warps.
     impl : str, optional
-        ``None`` / ``"auto"``: the launch table's choice; ``"rows"``: the recurrent ``[block_v, 128]``
-        kernel (the same step helper as the recurrent verify, so the folded state equals snapshot
-        mode bit for bit); ``"chunked"``: prep + streaming ``tl.dot`` kernels (closed form, the
-        state read and written once; rings longer than 64 steps fall back to ``"rows"``).
-    prep_block_k, prep_num_warps, dot_precision : optional
-        Chunked fold: K-chunk and warps of the prep kernel; ``tl.dot`` precision of the state
-        products (``"tf32x3"`` default, ``"ieee"``, ``"tf32"``).
+        ``None`` / ``"auto"`` / ``"rows"``: the recurrent ``[block_v, 128]`` kernel above (the same
+        step helper as the recurrent verify, so the folded state equals snapshot mode bit for bit).
+        Chunked (tl.dot) folds were measured 2-5x slower on the H200, in one-kernel and in
+        prep + streaming form (docs/benchmarks.md), and are not shipped.
 
     Returns
     -------
@@ -363,15 +220,10 @@ def replayssm_fold(
                    slot_indices=slot_indices, accept_lens=accept_lens, conv_state=conv_state,
                    intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
                    track_slot_indices=track_slot_indices, track_steps=track_steps)
-    if impl not in (None, "auto", "rows", "chunked"):
-        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto", "rows" or "chunked"', got=repr(impl),
+    if impl not in (None, "auto", "rows"):
+        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto" or "rows"', got=repr(impl),
                              fix="leave impl=None")
-    cfg = LC.fold(H, N, layers, L)
-    impl = cfg["impl"] if impl in (None, "auto") else impl
-    if impl == "chunked" and L > 64:
-        impl = "rows"  # the window algebra of the chunked form is sized for rings of <= 64 steps
-    if impl == "chunked" and cfg["impl"] != "chunked":  # forced: take the chunked tiles
-        cfg = LC.fold(H, max(N, 512), layers, L)
+    cfg = LC.fold(H, N, layers)
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
     warps = num_warps or cfg["num_warps"]
     if N == 0 or layers == 0:
@@ -390,15 +242,6 @@ def replayssm_fold(
     tslot_ptr, tstep_ptr = (track_slot_indices, track_steps) if track else (slot_indices, slot_indices)
 
     grid = (V.HEAD_DIM // BV, N, layers * H)
-    if impl == "chunked":
-        _launch_fold_chunked(ssm_state, rv, rk, rg, rb, slot_indices, accept_lens, conv_ptr, icw_ptr, irow_ptr,
-                             tslot_ptr, tstep_ptr, conv_strides, icw_strides, icw_steps, N=N, H=H, L=L,
-                             layers=layers, block_v=max(16, BV), num_warps=warps,
-                             prep_block_k=prep_block_k or cfg.get("prep_block_k", 32),
-                             prep_num_warps=prep_num_warps or cfg.get("prep_num_warps", 4),
-                             dot_precision=dot_precision or "tf32x3", conv=with_conv, track=track,
-                             pdl=bool(LC.pdl_kwargs(dev)))
-        return ssm_state.squeeze(0) if single else ssm_state
     kernel, extra = _replayssm_fold_kernel, dict(LC.pdl_kwargs(dev))
     kernel[grid](
         ssm_state, rv, rk, rg, rb, slot_indices, accept_lens,
@@ -415,32 +258,3 @@ def replayssm_fold(
     )
     return ssm_state.squeeze(0) if single else ssm_state
 
-
-def _launch_fold_chunked(ssm_state, rv, rk, rg, rb, slot_indices, accept_lens, conv_ptr, icw_ptr, irow_ptr,
-                         tslot_ptr, tstep_ptr, conv_strides, icw_strides, icw_steps, *, N, H, L, layers,
-                         block_v, num_warps, prep_block_k, prep_num_warps, dot_precision, conv, track, pdl):
-    """Prep + streaming launches of the chunked fold on validated arguments. Workspace
-    ``[N, layers*H, TP*TP + TP]`` fp32 (``TP = next_pow2(L)``) from the caching allocator."""
-    TP = max(2, triton.next_power_of_2(L))
-    wp = torch.empty((N, layers * H, TP * TP + TP), dtype=torch.float32, device=ssm_state.device)
-    pdl_kw = dict(USE_PDL=True, launch_pdl=True) if pdl else {}
-    _fold_prep_kernel[(N, layers * H)](
-        rk, rg, rb, slot_indices, accept_lens, wp,
-        H, L,
-        rk.stride(0), rk.stride(1), rk.stride(2), rk.stride(3),
-        rg.stride(0), rg.stride(1), rg.stride(2), rg.stride(3),
-        rb.stride(0), rb.stride(1), rb.stride(2), rb.stride(3),
-        TP=TP, BK=prep_block_k, num_warps=prep_num_warps, **pdl_kw,
-    )
-    _fold_stream_kernel[(V.HEAD_DIM // block_v, N, layers * H)](
-        ssm_state, rv, rk, rg, slot_indices, accept_lens, wp,
-        conv_ptr, icw_ptr, irow_ptr, tslot_ptr, tstep_ptr,
-        H, L, icw_steps,
-        ssm_state.stride(0), ssm_state.stride(1),
-        rv.stride(0), rv.stride(1), rv.stride(2), rv.stride(3),
-        rk.stride(0), rk.stride(1), rk.stride(2), rk.stride(3),
-        rg.stride(0), rg.stride(1), rg.stride(2), rg.stride(3),
-        *conv_strides, *icw_strides,
-        TP=TP, TD=max(16, TP), BV=block_v, DOT_PREC=dot_precision, CONV=conv, TRACK=track,
-        num_warps=num_warps, **pdl_kw,
-    )

@@ -7,7 +7,7 @@ import torch
 
 from kda_testutil import F64, make_problem, rel_err, same_bytes, tol
 
-from sglang_dspark_plugin.kernels import decode, mtp_verify, replayssm_fold
+from sglang_dspark_plugin.kernels import decode, mtp_verify
 from sglang_dspark_plugin.kernels import reference as R
 
 CUDA = torch.cuda.is_available()
@@ -121,44 +121,3 @@ def test_decode_variants(block_v, num_warps):
         else:
             assert same_bytes(p.ssm_state[s], before[s])
 
-
-@pytest.mark.parametrize("num_spec,dtype,lb,block_v", [
-    (3, torch.float32, -5.0, 32),
-    (7, torch.bfloat16, None, 64),
-    (15, torch.float32, None, 128),
-], ids=lambda x: str(x).replace("torch.", ""))
-def test_chunked_fold_every_accept_length(num_spec, dtype, lb, block_v):
-    """Chunked fold (prep + streaming kernels), two layers, every accept length 0..steps with the
-    radix track snapshot and the conv roll: state vs the recurrent snapshot verify's state after
-    step a-1 (fp32 rounding only), track state vs step t, conv window byte-exact, padding slots
-    and a == 0 untouched."""
-    p = _problem(num_spec, dtype, lb, seed=500 + num_spec)
-    steps = p.steps
-    issm = p.new_issm()
-    icw = p.new_icw()
-    mtp_verify(*p.acts(), intermediate_conv=icw, intermediate_ssm=issm, **p.verify_kwargs(), impl="rows")
-    rings = p.new_rings(L=steps)
-    mtp_verify(*p.acts(), intermediate_conv=p.new_icw(), **rings, **p.verify_kwargs())
-    two = lambda t: torch.stack([t, t])  # noqa: E731  (two identical layers)
-    for a in range(steps + 1):
-        acc = torch.tensor([min(a, ln) for ln in p.extra["lengths"]], dtype=torch.int32, device=p.q.device)
-        ssm = two(p.ssm_state).clone()
-        conv = two(p.conv_state).clone()
-        track_slot = torch.tensor([5, 0, 3], dtype=torch.int32, device=p.q.device)
-        track_step = torch.tensor([a // 2, 0, max(0, min(a, p.extra["lengths"][2]) - 1)], dtype=torch.int32,
-                                  device=p.q.device)
-        replayssm_fold(ssm, *(two(r) for r in rings.values()), slot_indices=p.slot_indices, accept_lens=acc,
-                       conv_state=conv, intermediate_conv=two(icw), intermediate_rows=p.intermediate_rows,
-                       track_slot_indices=track_slot, track_steps=track_step, impl="chunked", block_v=block_v)
-        for n, (slot, row) in enumerate(zip(p.extra["slot_list"], p.extra["row_list"])):
-            an = int(acc[n])
-            if slot < 0 or an == 0:
-                if slot >= 0:
-                    assert same_bytes(ssm[:, slot], two(p.ssm_state[slot]))
-                continue
-            for layer in range(2):
-                assert rel_err(ssm[layer, slot], issm[row, an - 1]) <= 1e-5, (n, a)
-                assert torch.equal(conv[layer, slot], icw[row, an - 1])
-                ts = int(track_step[n])
-                if ts < an:
-                    assert rel_err(ssm[layer, int(track_slot[n])], issm[row, ts]) <= 1e-5, (n, a, "track")
