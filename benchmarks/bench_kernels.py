@@ -931,17 +931,16 @@ def make_table(rows, bw, Hs, Ns, Ts):
 
 
 def sweep_configs():
-    """Launch configurations timed by --sweep (passed through the wrappers' tuning kwargs)."""
-    v = [dict(impl="chunked", block_v=bv, block_k=32, num_warps=4, num_stages=3, prep_block_k=pbk, prep_num_warps=pnw)
-         for bv in (64, 128) for pbk, pnw in ((16, 1), (16, 2), (32, 2), (32, 4), (64, 4))]
-    v += [dict(impl="chunked", block_v=128, block_k=64, num_warps=8, num_stages=2),
+    """Launch configurations timed by --sweep (passed through the wrappers' tuning kwargs):
+    the chunked ring verify's prep and streaming tiles around today's default ({})."""
+    v = [{}]
+    v += [dict(impl="chunked", block_v=128, block_k=32, num_warps=4, num_stages=3, prep_block_k=pbk,
+               prep_num_warps=pnw)
+          for pbk, pnw in ((16, 1), (16, 2), (32, 2), (32, 4), (64, 4), (64, 8), (128, 4))]
+    v += [dict(impl="chunked", block_v=128, block_k=16, num_warps=4, num_stages=4),
+          dict(impl="chunked", block_v=64, block_k=32, num_warps=4, num_stages=3),
           dict(impl="rows", block_v=32, num_warps=4)]
-    return dict(
-        verify_ring=v,
-        verify_snapshot=[{}],
-        fold=[dict(block_v=bv, num_warps=nw) for bv in (16, 32) for nw in (2, 4)],
-        decode=[{}],
-    )
+    return dict(verify_ring=v, verify_snapshot=[{}], fold=[{}], decode=[{}])
 
 
 def candidate_configs():
