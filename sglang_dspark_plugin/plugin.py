@@ -64,8 +64,37 @@ def _create_dspark_full_attention_backend(runner):
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
     delegate = full_attention_delegate()
+    check_ragged_verify_delegate(runner, delegate)
     logger.info("dspark: full-attention (MLA) layers use SGLang's %r backend", delegate)
     return ATTENTION_BACKENDS[delegate](runner)
+
+
+def check_ragged_verify_delegate(runner, delegate: str) -> None:
+    """Refuse genuinely ragged verify windows on SGLang's ``triton`` MLA backend (DSPARK-E004).
+
+    With ``SGLANG_RAGGED_VERIFY_MODE=compact`` and an SPS cost table the DSPARK scheduler gives
+    requests verify windows shorter than ``1 + gamma``. SGLang 0.5.23's triton attention backend
+    builds its TARGET_VERIFY metadata for dense ``[bs, 1 + gamma]`` windows and ignores
+    ``spec_info.ragged_verify_layout``: the first short window makes ``extend_attention_fwd`` read
+    past the packed tokens (segfault / heap corruption, also with stock ``--attention-backend
+    triton``; docs/e2e.md section 6). Failing at startup with the fix beats a crashed scheduler.
+    """
+    if delegate != "triton":
+        return
+    from sglang.srt.speculative.ragged_verify import RaggedVerifyMode, read_ragged_verify_mode
+
+    table = getattr(getattr(runner, "server_args", None), "speculative_dspark_sps_table_path", None)
+    if table and read_ragged_verify_mode() is RaggedVerifyMode.COMPACT:
+        raise dspark_error(
+            "DSPARK-E004",
+            "ragged verify windows (SGLANG_RAGGED_VERIFY_MODE=compact with --speculative-dspark-sps-table-path)",
+            expected="an MLA delegate that reads spec_info.ragged_verify_layout (fa3 on Hopper, flashinfer on "
+            "Blackwell)",
+            got="SGLang's 'triton' backend, which assumes dense 1+gamma windows and crashes on shorter ones",
+            fix="serve on a Hopper/Blackwell GPU (or set SGLANG_DSPARK_FULL_ATTN_BACKEND=fa3/flashinfer), or "
+            "drop --speculative-dspark-sps-table-path (compact then verifies full windows), or use "
+            "SGLANG_RAGGED_VERIFY_MODE=static",
+        )
 
 
 def _uses_dspark_kda(runner) -> bool:

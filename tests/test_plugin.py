@@ -223,3 +223,32 @@ def test_unknown_delegate_leaves_nothing_half_registered():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "STATE False False" in proc.stdout
     assert "DSPARK-E003" in proc.stderr and "'fa_3'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "mode,table,delegate,refused",
+    [
+        ("compact", "sps.json", "triton", True),  # ragged windows on the triton MLA backend: crash
+        ("compact", None, "triton", False),  # compact without an SPS table verifies full windows
+        ("static", "sps.json", "triton", False),  # SGLang ignores the table under static
+        ("compact", "sps.json", "fa3", False),  # fa3 / flashinfer read the ragged layout
+        ("compact", "sps.json", "flashinfer", False),
+    ],
+)
+def test_ragged_verify_on_triton_mla_is_refused_with_e004(monkeypatch, mode, table, delegate, refused):
+    """SGLang's triton MLA backend segfaults on verify windows shorter than 1+gamma (docs/e2e.md
+    section 6); the dspark factory refuses that configuration at startup with DSPARK-E004."""
+    from types import SimpleNamespace
+
+    from sglang_dspark_plugin.errors import DSparkError
+    from sglang_dspark_plugin.plugin import check_ragged_verify_delegate
+
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", mode)
+    runner = SimpleNamespace(server_args=SimpleNamespace(speculative_dspark_sps_table_path=table))
+    if refused:
+        with pytest.raises(DSparkError) as info:
+            check_ragged_verify_delegate(runner, delegate)
+        assert info.value.code == "DSPARK-E004"
+        assert "SGLANG_DSPARK_FULL_ATTN_BACKEND" in str(info.value) and "static" in str(info.value)
+    else:
+        check_ragged_verify_delegate(runner, delegate)

@@ -45,6 +45,7 @@ from e2e_kit import (
     generate,
     prefetch_spec_server,
     raw_post,
+    start_server,
     stop_server,
 )
 
@@ -55,6 +56,7 @@ pytestmark = pytest.mark.e2e
 # attention backend (the dspark backend's MLA delegate without a Hopper/Blackwell GPU, i.e. on
 # CPU). Measured here, with the plugin and with stock --attention-backend triton alike.
 RAGGED_BLOCKED_ON_TRITON_MLA = (
+    "refused at startup with DSPARK-E004 (test_compact_ragged_refused_on_triton_mla): "
     "SGLang 0.5.23's triton attention backend (the MLA delegate here) builds TARGET_VERIFY "
     "metadata for dense [bs, gamma+1] windows only and ignores spec_info.ragged_verify_layout; "
     "when the compact scheduler picks windows shorter than gamma+1 (SPS cost table given), its "
@@ -255,3 +257,21 @@ def test_rejects_bad_requests_and_keeps_serving(spec, baseline):
     # and it still serves, losslessly
     prompt = PER_CONFIG_PROMPTS[0]
     assert completion(server, prompt) == baseline.completion[prompt]
+
+
+def test_compact_ragged_refused_on_triton_mla():
+    """Where the MLA delegate is SGLang's triton backend, the ragged configuration (compact + SPS
+    table) fails at startup with DSPARK-E004 and its fix, instead of crashing the scheduler on the
+    first short verify window (docs/e2e.md section 6)."""
+    if mla_delegate() != "triton":
+        pytest.skip("the MLA delegate reads ragged verify layouts here; the configuration is served")
+    config = next(c for c in CONFIGS if c.sps_table)
+    try:
+        server = start_server(config.name + "-refused", config.args(), env=config.env())
+    except ServerStartError as exc:
+        message = str(exc)
+    else:
+        stop_server(server)
+        pytest.fail("the compact + SPS-table server started on the triton MLA delegate")
+    assert "DSPARK-E004" in message, message[-2000:]
+    assert "SGLANG_DSPARK_FULL_ATTN_BACKEND" in message
