@@ -80,7 +80,7 @@ def _delta_step(S, k, g, beta, v):
     """One gated delta-rule step on a [BV, 128] state tile (rows = V slice, cols = K).
 
     S <- S * exp(g)[None, :]; u = beta * (v - S k); S <- S + u k^T (explicit FMA).
-    (A later tl.dot/UT-transform version replaces this per-step body.)
+    (The chunked ring verify, mtp_verify_chunked.py, replaces the per-step loop by tl.dot.)
     """
     S = S * tl.exp(g)[None, :]
     kv = tl.sum(S * k[None, :], axis=1)

@@ -14,7 +14,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
     _mods = ["sglang_dspark_plugin.kernels.common", "sglang_dspark_plugin.kernels.mtp_verify_chunked",
-             "sglang_dspark_plugin.kernels.tiled", "sglang_dspark_plugin.kernels.mtp_verify",
+             "sglang_dspark_plugin.kernels.mtp_verify",
              "sglang_dspark_plugin.kernels.decode", "sglang_dspark_plugin.kernels.conv_window",
              "sglang_dspark_plugin.kernels.replayssm_fold", "sglang_dspark_plugin.kernels"]
     _mv = sys.modules.get("sglang_dspark_plugin.kernels.mtp_verify")
