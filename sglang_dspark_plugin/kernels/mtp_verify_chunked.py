@@ -88,8 +88,9 @@ def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr):
 
     Fast path (tensor cores): ``e^{G_t - G_s} = e^{G_t - G_m} e^{G_m - G_s}`` with ``m`` the middle
     row, when every ``|G - G_m|`` of the chunk is below 40 (factors within ``e^{+-40}``, no overflow;
-    always the case for a lower-bounded gate of -5 and windows up to 16). Otherwise the exact
-    pairwise form (``_pair_decay``, ``[TP, TP, C]`` exponentials)."""
+    always the case for a lower-bounded gate of -5 and windows up to 16); each factor's exp carries
+    a relative error of about ``|G - G_m| * 1e-7``, well inside fp32 verify accuracy (2e-7 measured
+    on the H200). Otherwise the exact pairwise form (``_pair_decay``, ``[TP, TP, C]`` exponentials)."""
     r = tl.arange(0, TP)
     mid = r[:, None] == (TP // 2 - 1)
     hm = tl.sum(tl.where(mid, hi, 0.0), axis=0)[None, :]
