@@ -89,6 +89,13 @@ def _delta_step(S, k, g, beta, v):
 
 
 @triton.jit
+def _load_conv_window(cbase, ch, s_row):
+    """The 3 previous conv inputs (row 0 oldest) of channels ``ch`` from a slot's conv state, fp32."""
+    return (tl.load(cbase + ch).to(tl.float32), tl.load(cbase + s_row + ch).to(tl.float32),
+            tl.load(cbase + 2 * s_row + ch).to(tl.float32))
+
+
+@triton.jit
 def _load_conv_weights(w_ptr, ch, s_w):
     base = w_ptr + ch.to(tl.int64) * s_w
     return (tl.load(base + 0), tl.load(base + 1), tl.load(base + 2), tl.load(base + 3))

@@ -16,7 +16,8 @@ import triton.language as tl
 
 from . import launch_config as LC
 from . import validation as V
-from .common import _conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _round_act, _sigmoid
+from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _load_conv_window,
+                     _round_act, _sigmoid)
 from .reference import default_scale
 
 DEFAULT_BLOCK_V = 32
@@ -55,12 +56,8 @@ def _decode_kernel(
         ch_v_all = 2 * H * KD + h * KD + offs_k
         cbase = conv_ptr + slot * s_conv_slot
         # ---- reads of the old windows (all before the barrier below) ----
-        q0 = tl.load(cbase + ch_q).to(tl.float32)
-        q1 = tl.load(cbase + s_conv_row + ch_q).to(tl.float32)
-        q2 = tl.load(cbase + 2 * s_conv_row + ch_q).to(tl.float32)
-        k0 = tl.load(cbase + ch_k).to(tl.float32)
-        k1 = tl.load(cbase + s_conv_row + ch_k).to(tl.float32)
-        k2 = tl.load(cbase + 2 * s_conv_row + ch_k).to(tl.float32)
+        q0, q1, q2 = _load_conv_window(cbase, ch_q, s_conv_row)
+        k0, k1, k2 = _load_conv_window(cbase, ch_k, s_conv_row)
         v1_all = tl.load(cbase + s_conv_row + ch_v_all)
         v2_all = tl.load(cbase + 2 * s_conv_row + ch_v_all)
         xq = tl.load(q_ptr + tok * s_q_t + h64 * s_q_h + offs_k).to(tl.float32)
@@ -84,9 +81,7 @@ def _decode_kernel(
         for iv in range(NV):
             offs_v = iv * BV + tl.arange(0, BV)
             ch_v = 2 * H * KD + h * KD + offs_v
-            v0 = tl.load(cbase + ch_v).to(tl.float32)
-            v1 = tl.load(cbase + s_conv_row + ch_v).to(tl.float32)
-            v2 = tl.load(cbase + 2 * s_conv_row + ch_v).to(tl.float32)
+            v0, v1, v2 = _load_conv_window(cbase, ch_v, s_conv_row)
             xv = tl.load(v_ptr + tok * s_v_t + h64 * s_v_h + offs_v).to(tl.float32)
             wv0, wv1, wv2, wv3 = _load_conv_weights(w_ptr, ch_v, s_w)
             yv = _round_act(_conv_silu(v0, v1, v2, xv, wv0, wv1, wv2, wv3), ACT_BF16)
@@ -182,8 +177,7 @@ def decode(
                              fix="leave impl=None")
     if B == 0:
         return out
-    kernel, extra = _decode_kernel, dict(LC.pdl_kwargs(dev))
-    kernel[(B, H)](
+    _decode_kernel[(B, H)](
         q, k, v, a, b, out,
         conv_weight, A_flat, dt_flat,
         ssm_state, conv_state, slot_indices,
@@ -192,6 +186,6 @@ def decode(
         a.stride(1), a.stride(2), b.stride(1), b.stride(2), out.stride(1), out.stride(2),
         conv_weight.stride(0), ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
         BV=BV, ACT_BF16=act == torch.bfloat16, USE_LB=lower_bound is not None,
-        num_warps=warps, **extra,
+        num_warps=warps, **LC.pdl_kwargs(dev),
     )
     return out

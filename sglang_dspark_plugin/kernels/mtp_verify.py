@@ -22,7 +22,8 @@ import triton.language as tl
 
 from . import launch_config as LC
 from . import validation as V
-from .common import _conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _round_act, _sigmoid
+from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _load_conv_window,
+                     _round_act, _sigmoid)
 from .mtp_verify_chunked import launch_verify_ring_chunked
 from .reference import default_scale
 
@@ -92,15 +93,9 @@ def _mtp_verify_kernel(
 
         # Conv windows (3 previous inputs, row 0 oldest) of this head's q, k and V-tile channels.
         cbase = conv_ptr + slot * s_conv_slot
-        q0 = tl.load(cbase + ch_q).to(tl.float32)
-        q1 = tl.load(cbase + s_conv_row + ch_q).to(tl.float32)
-        q2 = tl.load(cbase + 2 * s_conv_row + ch_q).to(tl.float32)
-        k0 = tl.load(cbase + ch_k).to(tl.float32)
-        k1 = tl.load(cbase + s_conv_row + ch_k).to(tl.float32)
-        k2 = tl.load(cbase + 2 * s_conv_row + ch_k).to(tl.float32)
-        v0 = tl.load(cbase + ch_v).to(tl.float32)
-        v1 = tl.load(cbase + s_conv_row + ch_v).to(tl.float32)
-        v2 = tl.load(cbase + 2 * s_conv_row + ch_v).to(tl.float32)
+        q0, q1, q2 = _load_conv_window(cbase, ch_q, s_conv_row)
+        k0, k1, k2 = _load_conv_window(cbase, ch_k, s_conv_row)
+        v0, v1, v2 = _load_conv_window(cbase, ch_v, s_conv_row)
         wq0, wq1, wq2, wq3 = _load_conv_weights(w_ptr, ch_q, s_w)
         wk0, wk1, wk2, wk3 = _load_conv_weights(w_ptr, ch_k, s_w)
         wv0, wv1, wv2, wv3 = _load_conv_weights(w_ptr, ch_v, s_w)

@@ -24,22 +24,6 @@ DEFAULT_BLOCK_V = 32
 DEFAULT_NUM_WARPS = 4
 
 
-@triton.jit
-def _roll_conv(conv_ptr, icw_ptr, irow_ptr, n, layer, slot, h, H, n_acc, ICW_STEPS, offs_v,
-               s_conv_layer, s_conv_slot, s_conv_row, s_icw_layer, s_icw_row, s_icw_step, s_icw_win):
-    """conv_state[layer, slot] <- intermediate_conv[layer, row, accept - 1] for the V-tile's channel
-    slice (``offs_v``) of the q, k and v groups of head h (the V-tiles together cover all)."""
-    KD: tl.constexpr = 128
-    row = tl.load(irow_ptr + n).to(tl.int64)
-    step = tl.minimum(n_acc, ICW_STEPS) - 1
-    src = icw_ptr + layer * s_icw_layer + row * s_icw_row + step.to(tl.int64) * s_icw_step
-    dst = conv_ptr + layer * s_conv_layer + slot * s_conv_slot
-    for grp in tl.static_range(3):
-        ch = grp * H * KD + h * KD + offs_v
-        for r in tl.static_range(3):
-            tl.store(dst + r * s_conv_row + ch, tl.load(src + r * s_icw_win + ch))
-
-
 @triton.jit(do_not_specialize=["H", "L", "ICW_STEPS", "s_rb_layer", "s_rb_slot", "s_rb_h", "s_rb_t"])
 def _replayssm_fold_kernel(
     ssm_ptr, rv_ptr, rk_ptr, rg_ptr, rb_ptr, slot_ptr, acc_ptr,
@@ -92,8 +76,16 @@ def _replayssm_fold_kernel(
         tl.store(s_layer + slot * s_ssm_slot + tile, S)
 
         if CONV:
-            _roll_conv(conv_ptr, icw_ptr, irow_ptr, n, layer, slot, h, H, n_acc, ICW_STEPS, offs_v,
-                       s_conv_layer, s_conv_slot, s_conv_row, s_icw_layer, s_icw_row, s_icw_step, s_icw_win)
+            # conv_state[layer, slot] <- intermediate_conv[layer, row, accept - 1]; this program
+            # copies its V-tile's channel slice of the q, k and v groups of head h.
+            row = tl.load(irow_ptr + n).to(tl.int64)
+            step = tl.minimum(n_acc, ICW_STEPS) - 1
+            src = icw_ptr + layer * s_icw_layer + row * s_icw_row + step.to(tl.int64) * s_icw_step
+            dst = conv_ptr + layer * s_conv_layer + slot * s_conv_slot
+            for grp in tl.static_range(3):
+                ch = grp * H * KD + h * KD + offs_v
+                for r in tl.static_range(3):
+                    tl.store(dst + r * s_conv_row + ch, tl.load(src + r * s_icw_win + ch))
 
 
 def _layered(t: Optional[torch.Tensor], single_dim: int) -> Optional[torch.Tensor]:
@@ -242,8 +234,7 @@ def replayssm_fold(
     tslot_ptr, tstep_ptr = (track_slot_indices, track_steps) if track else (slot_indices, slot_indices)
 
     grid = (V.HEAD_DIM // BV, N, layers * H)
-    kernel, extra = _replayssm_fold_kernel, dict(LC.pdl_kwargs(dev))
-    kernel[grid](
+    _replayssm_fold_kernel[grid](
         ssm_state, rv, rk, rg, rb, slot_indices, accept_lens,
         conv_ptr, icw_ptr, irow_ptr, tslot_ptr, tstep_ptr,
         H, L, icw_steps,
@@ -254,7 +245,6 @@ def replayssm_fold(
         rb.stride(0), rb.stride(1), rb.stride(2), rb.stride(3),
         *conv_strides, *icw_strides,
         BV=BV, CONV=with_conv, TRACK=track,
-        num_warps=warps, **extra,
+        num_warps=warps, **LC.pdl_kwargs(dev),
     )
     return ssm_state.squeeze(0) if single else ssm_state
-
