@@ -360,7 +360,7 @@ def check_ours(Ts, H, combos=((BF16, LB), (FP32, None), (FP32, LB))):
                                      **p.ref_verify_kwargs())
             live = [(n, s, r, ln) for n, (s, r, ln) in enumerate(zip(p.extra["slot_list"], p.extra["row_list"],
                                                                    p.extra["lengths"])) if s >= 0]
-            # ring mode: the default chunked kernel, its exact-fp32 dot variant and the recurrent one
+            # ring mode: both kernels forced (the default picks one of them by N, H and T)
             for variant, vkw in (("verify_ring_rows", dict(impl="rows")), ("verify_ring_chunked", dict(impl="chunked"))):
                 icw_v, rings_v = p.new_icw(), p.new_rings(L=max(2, triton.next_power_of_2(2 * steps)))
                 out_v = mtp_verify(*p.acts(), intermediate_conv=icw_v, **rings_v, **p.verify_kwargs(), **vkw)

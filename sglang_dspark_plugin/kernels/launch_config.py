@@ -13,6 +13,7 @@ where it matters).
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 
 def interpreting() -> bool:
@@ -35,23 +36,26 @@ def _programs(N: int, H: int) -> int:
     return max(1, N) * max(1, H)
 
 
-def verify_ring(H: int, N: int, steps: int) -> dict:
+def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     """Ring-mode (ReplaySSM) verify: ``impl`` "chunked" (prep + streaming tl.dot kernels,
-    mtp_verify_chunked.py) or "rows" (the recurrent kernel), with its tiles.
+    mtp_verify_chunked.py) or "rows" (the recurrent kernel), with its tiles. ``impl`` given:
+    that kernel's tiles (a forced "chunked" below the table's threshold takes the large-batch tiles).
 
     H200 sweep (docs/benchmarks.md): the chunked pair wins from N*H >= 512 at every window and
     for 16-token windows from N*H >= 128; below that the single recurrent launch has less latency.
     Prep tiles (sweep at H=32, N=64/256): 16-channel chunks with 1 warp up to 8-token windows
     (100.3 / 316.2 us at T=4 against 114.4 / 387.5 with (64, 4)), (32, 2) above."""
+    if impl == "rows":
+        return dict(impl="rows", **verify_rows(H, N, steps))
     prep = (dict(prep_block_k=16, prep_num_warps=1) if steps <= 8 else dict(prep_block_k=32, prep_num_warps=2))
     if interpreting():
         return dict(impl="chunked", block_v=128, block_k=64, num_warps=4, prep_block_k=64, prep_num_warps=4)
     nh = _programs(N, H)
-    if nh < 128 or (nh < 512 and steps < 16):
-        return dict(impl="rows", block_v=32, num_warps=4)
-    if nh < 512:
-        return dict(impl="chunked", block_v=64, block_k=32, num_warps=4, num_stages=3, **prep)
-    return dict(impl="chunked", block_v=128, block_k=32, num_warps=4, num_stages=3, **prep)
+    small = nh < 128 or (nh < 512 and steps < 16)
+    if impl is None and small:
+        return dict(impl="rows", **verify_rows(H, N, steps))
+    block_v = 64 if (nh < 512 and not small) else 128
+    return dict(impl="chunked", block_v=block_v, block_k=32, num_warps=4, num_stages=3, **prep)
 
 
 def verify_rows(H: int, N: int, steps: int) -> dict:

@@ -317,10 +317,13 @@ def mtp_verify(
                    intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
                    intermediate_ssm=intermediate_ssm, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
                    ring_beta=ring_beta, out=out)
-    impl = _pick_impl(impl, ring, H, N, steps)
-    cfg = LC.verify_ring(H, N, steps) if impl == "chunked" else LC.verify_rows(H, N, steps)
-    if impl == "chunked" and cfg["impl"] != "chunked":  # forced: the large-batch chunked tiles
-        cfg = LC.verify_ring(H, max(N, 512), steps)
+    if impl not in (None, "auto", "chunked", "rows"):
+        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto", "chunked" or "rows"', got=repr(impl),
+                             fix="leave impl=None")
+    # snapshot mode always runs the recurrent kernel: the chunked form computes outputs only
+    cfg = (LC.verify_ring(H, N, steps, None if impl == "auto" else impl) if ring
+           else dict(impl="rows", **LC.verify_rows(H, N, steps)))
+    impl = cfg["impl"]
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
     warps = num_warps or cfg["num_warps"]
     stages = num_stages if num_stages is not None else cfg.get("num_stages")
@@ -371,15 +374,3 @@ def mtp_verify(
         num_warps=warps, **extra, **LC.pdl_kwargs(dev),
     )
     return out
-
-
-def _pick_impl(impl: Optional[str], ring: bool, H: int, N: int, steps: int) -> str:
-    """"chunked" (tl.dot form, ring mode only) or "rows" (the recurrent kernel above)."""
-    if impl in (None, "auto"):
-        return LC.verify_ring(H, N, steps)["impl"] if ring else "rows"
-    if impl not in ("chunked", "rows"):
-        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto", "chunked" or "rows"', got=repr(impl),
-                             fix="leave impl=None")
-    if impl == "chunked" and not ring:
-        return "rows"  # the chunked form computes outputs only; snapshot mode needs every state
-    return impl
