@@ -457,12 +457,12 @@ def _group_alive(pgid: int) -> bool:
     return bool(group_members(pgid)) if proc.is_dir() else True
 
 
-def group_members(pgid: int) -> List[int]:
-    """Live (non-zombie) pids of process group ``pgid`` (Linux /proc); for leak checks."""
-    out = []
+def live_processes():
+    """``(pid, fields)`` of every live (non-zombie) process (Linux /proc; nothing elsewhere), with
+    ``fields`` the ``/proc/<pid>/stat`` fields after the command name: state, ppid, pgrp, session, ..."""
     proc = Path("/proc")
     if not proc.is_dir():
-        return out
+        return
     for entry in proc.iterdir():
         if not entry.name.isdigit():
             continue
@@ -472,6 +472,10 @@ def group_members(pgid: int) -> List[int]:
             continue
         # "pid (comm) state ppid pgrp ...": comm may hold spaces or parens, split after the last ")"
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(entry.name))
-    return out
+        if len(fields) >= 4 and fields[0] != "Z":
+            yield int(entry.name), fields
+
+
+def group_members(pgid: int) -> List[int]:
+    """Live (non-zombie) pids of process group ``pgid`` (Linux /proc); for leak checks."""
+    return [pid for pid, fields in live_processes() if int(fields[2]) == pgid]

@@ -10,25 +10,21 @@ import pytest
 
 from e2e_kit import STARTED
 
+from sglang_dspark_plugin.serving import live_processes
+
 pytestmark = pytest.mark.e2e
 
 
 def _session_members(sid: int):
     out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()  # state ppid pgrp session ...
-        if len(fields) >= 4 and int(fields[3]) == sid and fields[0] != "Z":
+    for pid, fields in live_processes():  # fields: state ppid pgrp session ...
+        if int(fields[3]) == sid:
             try:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                raw = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+                cmd = raw.replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 cmd = "?"
-            out.append((int(entry.name), cmd[:160]))
+            out.append((pid, cmd[:160]))
     return out
 
 
