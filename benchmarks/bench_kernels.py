@@ -931,16 +931,15 @@ def make_table(rows, bw, Hs, Ns, Ts):
 
 
 def sweep_configs():
-    """Launch configurations timed by --sweep (passed through the wrappers' tuning kwargs):
-    the chunked ring verify's prep and streaming tiles around today's default ({})."""
+    """Launch configurations timed by --sweep (passed through the wrappers' tuning kwargs) around
+    today's defaults ({}): the chunked verify's streaming tiles (whole-K tiles with few rows
+    against K-chunked 128-row tiles), the recurrent verify's and the fold's row tiles."""
     v = [{}]
-    v += [dict(impl="chunked", block_v=128, block_k=32, num_warps=4, num_stages=3, prep_block_k=pbk,
-               prep_num_warps=pnw)
-          for pbk, pnw in ((16, 1), (16, 2), (32, 2), (32, 4), (64, 4), (64, 8), (128, 4))]
-    v += [dict(impl="chunked", block_v=128, block_k=16, num_warps=4, num_stages=4),
-          dict(impl="chunked", block_v=64, block_k=32, num_warps=4, num_stages=3),
-          dict(impl="rows", block_v=32, num_warps=4)]
-    return dict(verify_ring=v, verify_snapshot=[{}], fold=[{}], decode=[{}])
+    v += [dict(impl="chunked", block_v=bv, block_k=bk, num_warps=w, **({} if st is None else dict(num_stages=st)))
+          for bv, bk, w, st in ((32, 128, 4, None), (16, 128, 2, None), (64, 128, 4, None), (128, 64, 4, 2))]
+    v += [dict(impl="rows", block_v=bv, num_warps=w) for bv, w in ((32, 4), (16, 2), (64, 4))]
+    f = [{}] + [dict(block_v=bv, num_warps=w) for bv, w in ((32, 4), (16, 2), (8, 1), (64, 8))]
+    return dict(verify_ring=v, verify_snapshot=[{}], fold=f, decode=[{}])
 
 
 def candidate_configs():

@@ -59,15 +59,32 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
 
 
 def verify_rows(H: int, N: int, steps: int) -> dict:
-    """Recurrent verify (snapshot mode, and ring mode with ``impl="rows"``)."""
-    return dict(block_v=32, num_warps=4)
+    """Recurrent verify (snapshot mode, and ring mode with ``impl="rows"``).
+
+    H200 probe, 2026-11-30 (third session, kernel with the one-token input prefetch; docs/benchmarks.md):
+    H=32, N=8 (N*H = 256): (64 rows, 2 warps) 19.0 / 31.2 / 55.0 us at 4 / 8 / 16-token windows
+    against 26.9 / 45.7 / 84.7 with (32, 4); H=12, N <= 8: (32, 4) best (11.2 us at N=8, T=4; 13.2
+    with (64, 2)); N*H >= 2048: (64, 4) 151 / 272 / 513 us at N=64 against 173 / 314 / 595 with (32, 4)."""
+    nh = _programs(N, H)
+    if nh < 256:
+        return dict(block_v=32, num_warps=4)
+    if nh < 512:
+        return dict(block_v=64, num_warps=2)
+    return dict(block_v=64, num_warps=4)
 
 
 def fold(H: int, N: int, layers: int) -> dict:
-    """ReplaySSM fold: one program per (request, layer, head, V-tile) of ``block_v`` rows."""
+    """ReplaySSM fold: one program per (request, layer, head, V-tile) of ``block_v`` rows.
+
+    H200 probe, 2026-11-30 (third session, kernel with the one-token ring prefetch): one warp per
+    tile of 8 rows from N*layers*H > 384 (H=32, N=64: 74.7 / 88.2 / 136.0 us at 4 / 8 / 16-token
+    windows against 88.7 / 112.5 / 190.7 with the previous (16, 4); N=256: 282 / 342 / 531 against
+    346 / 468 / 784), 4 rows per warp at smaller batches (H=32, N=8: 13.1 / 16.8 / 25.8 us)."""
     if interpreting():
         return dict(block_v=32, num_warps=4)
-    return dict(block_v=16, num_warps=4)
+    if _programs(N, H) * max(1, layers) <= 384:
+        return dict(block_v=4, num_warps=1)
+    return dict(block_v=8, num_warps=1)
 
 
 def decode(H: int, N: int) -> dict:

@@ -108,11 +108,35 @@ def _mtp_verify_kernel(
                     + offs_v[:, None] * KD + offs_k[None, :])
 
         icw_base = icw_ptr + row * s_icw_row
+        # The inputs of token t + 1 are loaded while token t is computed (software prefetch): the
+        # loads leave the per-token latency chain, which the state recurrence makes serial.
+        q_base = q_ptr + h64 * s_q_h
+        k_base = k_ptr + h64 * s_k_h
+        v_base = v_ptr + h64 * s_v_h
+        a_base = a_ptr + h64 * s_a_h
+        b_base = b_ptr + h64 * s_b_h
+        m_k = (offs_k < KD) & (n_tok > 0)
+        m_v = (offs_v < KD) & (n_tok > 0)
+        tok0 = bos.to(tl.int64)
+        xq_nx = tl.load(q_base + tok0 * s_q_t + offs_k, mask=m_k, other=0.0)
+        xk_nx = tl.load(k_base + tok0 * s_k_t + offs_k, mask=m_k, other=0.0)
+        xv_nx = tl.load(v_base + tok0 * s_v_t + offs_v, mask=m_v, other=0.0)
+        a_nx = tl.load(a_base + tok0 * s_a_t + offs_k, mask=m_k, other=0.0)
+        b_nx = tl.load(b_base + tok0 * s_b_t, mask=n_tok > 0, other=0.0)
         for t in range(n_tok):
             tok = (bos + t).to(tl.int64)
-            xq = tl.load(q_ptr + tok * s_q_t + h64 * s_q_h + offs_k).to(tl.float32)
-            xk = tl.load(k_ptr + tok * s_k_t + h64 * s_k_h + offs_k).to(tl.float32)
-            xv = tl.load(v_ptr + tok * s_v_t + h64 * s_v_h + offs_v).to(tl.float32)
+            xq = xq_nx.to(tl.float32)
+            xk = xk_nx.to(tl.float32)
+            xv = xv_nx.to(tl.float32)
+            a_t = a_nx.to(tl.float32)
+            b_t = b_nx.to(tl.float32)
+            nx = tok + 1
+            more = t + 1 < n_tok
+            xq_nx = tl.load(q_base + nx * s_q_t + offs_k, mask=more & (offs_k < KD), other=0.0)
+            xk_nx = tl.load(k_base + nx * s_k_t + offs_k, mask=more & (offs_k < KD), other=0.0)
+            xv_nx = tl.load(v_base + nx * s_v_t + offs_v, mask=more & (offs_v < KD), other=0.0)
+            a_nx = tl.load(a_base + nx * s_a_t + offs_k, mask=more & (offs_k < KD), other=0.0)
+            b_nx = tl.load(b_base + nx * s_b_t, mask=more, other=0.0)
             # conv + SiLU, rounded to the activation dtype as SGLang does
             yq = _round_act(_conv_silu(q0, q1, q2, xq, wq0, wq1, wq2, wq3), ACT_BF16)
             yk = _round_act(_conv_silu(k0, k1, k2, xk, wk0, wk1, wk2, wk3), ACT_BF16)
@@ -136,9 +160,8 @@ def _mtp_verify_kernel(
             tl.store(ic + 2 * s_icw_win + ch_v, v2.to(icw_ty))
 
             # gates
-            a_t = tl.load(a_ptr + tok * s_a_t + h64 * s_a_h + offs_k).to(tl.float32)
             g = _kda_gate(a_t, dtb, A, lower_bound, USE_LB)
-            beta = _sigmoid(tl.load(b_ptr + tok * s_b_t + h64 * s_b_h).to(tl.float32))
+            beta = _sigmoid(b_t)
             qn = _l2norm(yq) * scale
             kn = _l2norm(yk)
 

@@ -65,12 +65,20 @@ def _replayssm_fold_kernel(
         rk_base = rk_ptr + layer * s_rk_layer + slot * s_rk_slot + h64 * s_rk_h
         rg_base = rg_ptr + layer * s_rg_layer + slot * s_rg_slot + h64 * s_rg_h
         rb_base = rb_ptr + layer * s_rb_layer + slot * s_rb_slot + h64 * s_rb_h
+        # The rings of token t + 1 are loaded while token t is folded: the step's loads no
+        # longer sit on the per-token latency chain (the state tile never leaves registers).
+        k_nx = tl.load(rk_base + offs_k)
+        g_nx = tl.load(rg_base + offs_k)
+        b_nx = tl.load(rb_base)
+        v_nx = tl.load(rv_base + offs_v)
         for t in range(n_acc):
-            kn = _l2norm(tl.load(rk_base + t * s_rk_t + offs_k).to(tl.float32))
-            g = tl.load(rg_base + t * s_rg_t + offs_k)
-            beta = tl.load(rb_base + t * s_rb_t)
-            v = tl.load(rv_base + t * s_rv_t + offs_v).to(tl.float32)
-            S = _delta_step(S, kn, g, beta, v)
+            k_raw, g, beta, v = k_nx, g_nx, b_nx, v_nx
+            more = t + 1 < n_acc
+            k_nx = tl.load(rk_base + (t + 1) * s_rk_t + offs_k, mask=more & (offs_k < KD), other=0.0)
+            g_nx = tl.load(rg_base + (t + 1) * s_rg_t + offs_k, mask=more & (offs_k < KD), other=0.0)
+            b_nx = tl.load(rb_base + (t + 1) * s_rb_t, mask=more, other=0.0)
+            v_nx = tl.load(rv_base + (t + 1) * s_rv_t + offs_v, mask=more & (offs_v < KD), other=0.0)
+            S = _delta_step(S, _l2norm(k_raw.to(tl.float32)), g, beta, v.to(tl.float32))
             if TRACK:
                 tl.store(s_layer + tslot * s_ssm_slot + tile, S, mask=(t == tstep) & (tslot >= 0))
         tl.store(s_layer + slot * s_ssm_slot + tile, S)

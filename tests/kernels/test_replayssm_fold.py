@@ -83,8 +83,10 @@ def test_fold_equals_snapshot_every_accept_length(num_spec, dtype, lb):
         assert bit_exact
 
 
-def test_fold_single_layer_and_reference():
-    """Random rings (not from a verify), single-layer tensors, float64 fold reference."""
+@pytest.mark.parametrize("tile", [None, (4, 1), (8, 1), (16, 4)], ids=str)
+def test_fold_single_layer_and_reference(tile):
+    """Random rings (not from a verify), single-layer tensors, float64 fold reference; the launch
+    table's tiles (H200: 4 or 8 rows per warp) and the previous default."""
     g = torch.Generator().manual_seed(5)
     dev = "cuda" if CUDA else "cpu"
     slots, H, L = 4, 2, 8
@@ -100,7 +102,8 @@ def test_fold_single_layer_and_reference():
     ssm_r = ssm.to(F64)
     R.replayssm_fold_ref(ssm_r, *(r.to(F64) for r in rings.values()), slot_idx, acc)
     before = ssm.clone()
-    replayssm_fold(ssm, **rings, slot_indices=slot_idx, accept_lens=acc)
+    kw = {} if tile is None else dict(block_v=tile[0], num_warps=tile[1])
+    replayssm_fold(ssm, **rings, slot_indices=slot_idx, accept_lens=acc, **kw)
     assert rel_err(ssm, ssm_r) <= 1e-5
     assert same_bytes(ssm[0], before[0]) and same_bytes(ssm[1], before[1])  # accept 0 / unused
 

@@ -84,14 +84,15 @@ def test_chunked_decay_paths(strength):
     assert rel_err(out, out_r) <= 1e-5, rel_err(out, out_r)
 
 
-@pytest.mark.parametrize("block_v", [32, 64])
+@pytest.mark.parametrize("block_v,num_warps", [(32, 4), (64, 2), (64, 4)])
 @pytest.mark.parametrize("mode", ("snapshot", "ring"))
-def test_recurrent_variants(block_v, mode):
+def test_recurrent_variants(block_v, num_warps, mode):
     p = _problem(3, torch.float32, -5.0, seed=41)
     out_r, icw_r, issm_r, rings_r = _ref(p)
     icw = p.new_icw()
     kw = dict(intermediate_ssm=p.new_issm()) if mode == "snapshot" else p.new_rings(L=8)
-    out = mtp_verify(*p.acts(), intermediate_conv=icw, **kw, **p.verify_kwargs(), impl="rows", block_v=block_v)
+    out = mtp_verify(*p.acts(), intermediate_conv=icw, **kw, **p.verify_kwargs(), impl="rows", block_v=block_v,
+                     num_warps=num_warps)
     assert rel_err(out, out_r) <= 1e-5
     for slot, row, ln in zip(p.extra["slot_list"], p.extra["row_list"], p.extra["lengths"]):
         if slot < 0:
