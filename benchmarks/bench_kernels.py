@@ -944,9 +944,10 @@ def sweep_configs():
 
 def candidate_configs():
     """Launch configurations timed at every point of the final table besides the wrappers'
-    defaults (sglang_dspark_plugin/kernels/launch_config.py): the recurrent kernels, for the record."""
+    defaults (sglang_dspark_plugin/kernels/launch_config.py): each ring-verify kernel forced (with the
+    table's tiles for it), which shows the table's kernel choice at every point."""
     return dict(
-        verify_ring=[{}, dict(impl="rows", block_v=32, num_warps=4)],
+        verify_ring=[{}, dict(impl="rows"), dict(impl="chunked")],
         verify_snapshot=[{}],
         fold=[{}],
         decode=[{}],

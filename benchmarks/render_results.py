@@ -22,7 +22,8 @@ DEFAULT = {
     "decode": {},
     "verify_snapshot": {},
 }
-ROWS = {"impl": "rows", "block_v": 32, "num_warps": 4}
+ROWS = {"impl": "rows"}  # each ring-verify kernel forced, with the table's tiles for it
+CHUNKED = {"impl": "chunked"}
 
 
 def pick(rows, kernel, H, N, T, cfg=None, who="ours"):
@@ -53,7 +54,7 @@ def main(path):
     out = []
     out.append("| H | N | T | ReplaySSM verify µs (×floor, up/ours) | fold µs (×floor, up/ours) | verify+fold up/ours | "
                "snapshot verify µs (×floor, up/ours) | decode µs (×floor, up/ours) | up: ring verify / fold / snapshot / decode µs | "
-               "I/O floor ring verify µs | recurrent ring verify µs (×floor) |")
+               "I/O floor ring verify µs | recurrent / chunked ring verify forced µs (×floor) |")
     out.append("|" + "---|" * 11)
     for H, N, T in pts:
         if T == 1:
@@ -67,6 +68,7 @@ def main(path):
         fo = pick(rows, "fold", H, N, T, DEFAULT["fold"])
         sn = pick(rows, "verify_snapshot", H, N, T, DEFAULT["verify_snapshot"])
         wy = pick(rows, "verify_ring", H, N, T, ROWS)
+        ch = pick(rows, "verify_ring", H, N, T, CHUNKED)
         uv = upbest(rows, ["up_verify_unfused_ring", "up_verify_fused_ring"], H, N, T)
         uf = pick(rows, "up_fold", H, N, T, who="up")
         us = pick(rows, "up_verify_unfused_snapshot", H, N, T, who="up")
@@ -74,7 +76,7 @@ def main(path):
         snap = f(sn, us) if sn else "not timed (see below)"
         ups = " / ".join(f"{x['us']:.1f}" if x else "—" for x in (uv, uf, us)) + " / —"
         out.append(f"| {H} | {N} | {T} | {f(v, uv)} | {f(fo, uf)} | {step} | {snap} | — | {ups} | "
-                   f"{v['io_floor_us']:.1f} ({v['io_floor_us'] / v['floor_us']:.2f}× S/B) | {f(wy)} |")
+                   f"{v['io_floor_us']:.1f} ({v['io_floor_us'] / v['floor_us']:.2f}× S/B) | {f(wy)} / {f(ch)} |")
     print("\n".join(out))
     print()
     print(f"copy bandwidth {d['bandwidth_TBps']:.3f} TB/s; {d['env'].get('gpu')}; driver {d['env'].get('nvidia_smi')}; "
