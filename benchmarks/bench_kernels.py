@@ -932,14 +932,13 @@ def make_table(rows, bw, Hs, Ns, Ts):
 
 def sweep_configs():
     """Launch configurations timed by --sweep (passed through the wrappers' tuning kwargs) around
-    today's defaults ({}): the chunked verify's streaming tiles (whole-K tiles with few rows
-    against K-chunked 128-row tiles), the recurrent verify's and the fold's row tiles."""
-    v = [{}]
-    v += [dict(impl="chunked", block_v=bv, block_k=bk, num_warps=w, **({} if st is None else dict(num_stages=st)))
-          for bv, bk, w, st in ((32, 128, 4, None), (16, 128, 2, None), (64, 128, 4, None), (128, 64, 4, 2))]
-    v += [dict(impl="rows", block_v=bv, num_warps=w) for bv, w in ((32, 4), (16, 2), (64, 4))]
-    f = [{}] + [dict(block_v=bv, num_warps=w) for bv, w in ((32, 4), (16, 2), (8, 1), (64, 8))]
-    return dict(verify_ring=v, verify_snapshot=[{}], fold=f, decode=[{}])
+    today's defaults ({}): the recurrent verify's row tiles in both modes (ring mode: where the
+    table picks it, small batches) and the fold's."""
+    tiles = ((8, 1), (16, 1), (16, 2), (32, 2), (32, 4), (64, 2), (64, 4))
+    v = [{}] + [dict(impl="rows", block_v=bv, num_warps=w) for bv, w in tiles]
+    s = [{}] + [dict(block_v=bv, num_warps=w) for bv, w in tiles]
+    f = [{}] + [dict(block_v=bv, num_warps=w) for bv, w in ((4, 1), (8, 1), (16, 1))]
+    return dict(verify_ring=v, verify_snapshot=s, fold=f, decode=[{}])
 
 
 def candidate_configs():

@@ -61,16 +61,14 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
 def verify_rows(H: int, N: int, steps: int) -> dict:
     """Recurrent verify (snapshot mode, and ring mode with ``impl="rows"``).
 
-    H200 probe, 2026-11-30 (third session, kernel with the one-token input prefetch; docs/benchmarks.md):
-    H=32, N=8 (N*H = 256): (64 rows, 2 warps) 19.0 / 31.2 / 55.0 us at 4 / 8 / 16-token windows
-    against 26.9 / 45.7 / 84.7 with (32, 4); H=12, N <= 8: (32, 4) best (11.2 us at N=8, T=4; 13.2
-    with (64, 2)); N*H >= 2048: (64, 4) 151 / 272 / 513 us at N=64 against 173 / 314 / 595 with (32, 4)."""
-    nh = _programs(N, H)
-    if nh < 256:
+    H200 sweeps, 2026-11-30 (third session, kernel with the one-token input prefetch;
+    docs/benchmarks.md): 64 rows x 2 warps from N*H >= 256 in both modes (H=32 snapshot mode at
+    N=64: 202 / 360 us at 4 / 8-token windows against 287 / 516 with (32, 4) and 386 / 713 with
+    (64, 4); ring mode at N=8: 19.0 / 31.2 against 26.9 / 45.7 with (32, 4)); (32, 4) below
+    (H=12, N=8, ring mode: 11.2 us at T=4 against 13.2 with (64, 2))."""
+    if _programs(N, H) < 256:
         return dict(block_v=32, num_warps=4)
-    if nh < 512:
-        return dict(block_v=64, num_warps=2)
-    return dict(block_v=64, num_warps=4)
+    return dict(block_v=64, num_warps=2)
 
 
 def fold(H: int, N: int, layers: int) -> dict:
