@@ -41,8 +41,9 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     mtp_verify_chunked.py) or "rows" (the recurrent kernel), with its tiles. ``impl`` given:
     that kernel's tiles (a forced "chunked" below the table's threshold takes the large-batch tiles).
 
-    H200 sweep (docs/benchmarks.md): the chunked pair wins from N*H >= 512 at every window and
-    for 16-token windows from N*H >= 128; below that the single recurrent launch has less latency.
+    H200 sweeps (docs/benchmarks.md): the chunked pair wins from N*H >= 512 at every window, for
+    8-token windows from N*H = 384 (H=12, N=32: 53.3 against 56.5 us) and for 16-token windows
+    from N*H >= 128; below that the single recurrent launch has less latency.
     Prep tiles (sweep at H=32, N=64/256): 16-channel chunks with 1 warp up to 8-token windows
     (100.3 / 316.2 us at T=4 against 114.4 / 387.5 with (64, 4)), (32, 2) above."""
     if impl == "rows":
@@ -51,10 +52,12 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     if interpreting():
         return dict(impl="chunked", block_v=128, block_k=64, num_warps=4, prep_block_k=64, prep_num_warps=4)
     nh = _programs(N, H)
-    small = nh < 128 or (nh < 512 and steps < 16)
+    small = nh < 128 or (nh < 384 and steps < 16) or (nh < 512 and steps < 8)
     if impl is None and small:
         return dict(impl="rows", **verify_rows(H, N, steps))
-    block_v = 64 if (nh < 512 and not small) else 128
+    # 64-row V-tiles (two programs per head) for 16-token windows at N*H in [128, 512) (old sweep);
+    # everything else measured with whole 128-row tiles
+    block_v = 64 if (128 <= nh < 512 and steps >= 16) else 128
     return dict(impl="chunked", block_v=block_v, block_k=32, num_warps=4, num_stages=3, **prep)
 
 
@@ -62,11 +65,12 @@ def verify_rows(H: int, N: int, steps: int) -> dict:
     """Recurrent verify (snapshot mode, and ring mode with ``impl="rows"``).
 
     H200 sweeps, 2026-11-30 (third session, kernel with the one-token input prefetch;
-    docs/benchmarks.md): 64 rows x 2 warps from N*H >= 256 in both modes (H=32 snapshot mode at
+    docs/benchmarks.md): 64 rows x 2 warps from N*H >= 128 in both modes (H=32 snapshot mode at
     N=64: 202 / 360 us at 4 / 8-token windows against 287 / 516 with (32, 4) and 386 / 713 with
-    (64, 4); ring mode at N=8: 19.0 / 31.2 against 26.9 / 45.7 with (32, 4)); (32, 4) below
-    (H=12, N=8, ring mode: 11.2 us at T=4 against 13.2 with (64, 2))."""
-    if _programs(N, H) < 256:
+    (64, 4); ring mode at N=8: 19.0 / 31.2 against 26.9 / 45.7 with (32, 4); H=12, N=16: 18.2 /
+    30.2 against 19.8 / 33.3); (32, 4) below (H=12, N=8, ring mode: 11.2 us at T=4 against 13.2
+    with (64, 2))."""
+    if _programs(N, H) < 128:
         return dict(block_v=32, num_warps=4)
     return dict(block_v=64, num_warps=2)
 
