@@ -44,11 +44,12 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     H200 sweeps (docs/benchmarks.md): the chunked pair wins from N*H >= 512 at every window, for
     8-token windows from N*H = 384 (H=12, N=32: 53.3 against 56.5 us) and for 16-token windows
     from N*H >= 128; below that the single recurrent launch has less latency.
-    Prep tiles (sweep at H=32, N=64/256): 16-channel chunks with 1 warp up to 8-token windows
-    (100.3 / 316.2 us at T=4 against 114.4 / 387.5 with (64, 4)), (32, 2) above."""
+    Prep tiles (third-session sweep at H=32 and H=12, N=64/256): 64-channel chunks with 1 warp up
+    to 8-token windows (H=32, T=4: 84.2 / 288.0 us against 99.9 / 316.1 with the previous (16, 1)),
+    with 2 warps above (T=16: 232.2 / 881.8 against 238.6 / 916.0 with (32, 2))."""
     if impl == "rows":
         return dict(impl="rows", **verify_rows(H, N, steps))
-    prep = (dict(prep_block_k=16, prep_num_warps=1) if steps <= 8 else dict(prep_block_k=32, prep_num_warps=2))
+    prep = dict(prep_block_k=64, prep_num_warps=1 if steps <= 8 else 2)
     if interpreting():
         return dict(impl="chunked", block_v=128, block_k=64, num_warps=4, prep_block_k=64, prep_num_warps=4)
     nh = _programs(N, H)
