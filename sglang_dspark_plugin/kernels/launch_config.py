@@ -41,9 +41,9 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     mtp_verify_chunked.py) or "rows" (the recurrent kernel), with its tiles. ``impl`` given:
     that kernel's tiles (a forced "chunked" below the table's threshold takes the large-batch tiles).
 
-    H200 sweeps (docs/benchmarks.md): the chunked pair wins from N*H >= 512 at every window, for
-    8-token windows from N*H = 384 (H=12, N=32: 53.3 against 56.5 us) and for 16-token windows
-    from N*H >= 128; below that the single recurrent launch has less latency.
+    H200 sweeps (docs/benchmarks.md): the chunked pair wins from N*H = 384 at every window (H=12,
+    N=32, T=4: 28.4 against 33.0 us) and for 16-token windows from N*H >= 128; below that the
+    single recurrent launch has less latency (H=12, N=16, T=4: 18.2 against 24.6 us).
     Prep tiles (third-session sweep at H=32 and H=12, N=64/256): 64-channel chunks with 1 warp up
     to 8-token windows (H=32, T=4: 84.2 / 288.0 us against 99.9 / 316.1 with the previous (16, 1)),
     with 2 warps above (T=16: 232.2 / 881.8 against 238.6 / 916.0 with (32, 2))."""
@@ -53,7 +53,7 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     if interpreting():
         return dict(impl="chunked", block_v=128, block_k=64, num_warps=4, prep_block_k=64, prep_num_warps=4)
     nh = _programs(N, H)
-    small = nh < 128 or (nh < 384 and steps < 16) or (nh < 512 and steps < 8)
+    small = nh < 128 or (nh < 384 and steps < 16)
     if impl is None and small:
         return dict(impl="rows", **verify_rows(H, N, steps))
     # 64-row V-tiles (two programs per head) for 16-token windows at N*H in [128, 512) (old sweep);
