@@ -43,11 +43,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, Optional, Sequence
 
 TARGET_DIR = "tiny-kimi-linear"
 DRAFT_DIR = "tiny-dspark-draft"

@@ -20,9 +20,6 @@ from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_wei
                      _round_act, _sigmoid)
 from .reference import default_scale
 
-DEFAULT_BLOCK_V = 32
-DEFAULT_NUM_WARPS = 4
-
 
 @triton.jit(do_not_specialize=["H", "s_b_t", "s_b_h"])
 def _decode_kernel(

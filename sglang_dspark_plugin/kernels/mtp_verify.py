@@ -27,9 +27,6 @@ from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_wei
 from .mtp_verify_chunked import launch_verify_ring_chunked
 from .reference import default_scale
 
-DEFAULT_BLOCK_V = 32
-DEFAULT_NUM_WARPS = 4
-
 
 # ----------------------------------------------------------------------------------------------
 # Kernel

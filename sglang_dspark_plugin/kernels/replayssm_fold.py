@@ -20,9 +20,6 @@ from . import launch_config as LC
 from . import validation as V
 from .common import _delta_step, _l2norm
 
-DEFAULT_BLOCK_V = 32
-DEFAULT_NUM_WARPS = 4
-
 
 @triton.jit(do_not_specialize=["H", "L", "ICW_STEPS", "s_rb_layer", "s_rb_slot", "s_rb_h", "s_rb_t"])
 def _replayssm_fold_kernel(

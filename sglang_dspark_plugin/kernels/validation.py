@@ -268,7 +268,7 @@ def check_conv_state(name: str, c, H: int, dtype: torch.dtype, *, layered: bool)
                            fix="allocate the conv state in the activation dtype (SGLANG_MAMBA_CONV_DTYPE=bf16 for bf16)")
     if c.stride(-1) != 1:
         raise dspark_error(E_CONV, name, expected="stride(-1) == 1 (D contiguous)", got=f"stride {list(c.stride())}",
-                           fix=f"pass the [slots, 3, D] pool tensor, not its [slots, D, 3] transpose")
+                           fix="pass the [slots, 3, D] pool tensor, not its [slots, D, 3] transpose")
 
 
 def check_intermediate_conv(ic, H: int, steps: int, dtype: torch.dtype, *, layered: bool) -> None:
