@@ -67,7 +67,7 @@ def main(path):
         v = pick(rows, "verify_ring", H, N, T, DEFAULT["verify_ring"])
         fo = pick(rows, "fold", H, N, T, DEFAULT["fold"])
         sn = pick(rows, "verify_snapshot", H, N, T, DEFAULT["verify_snapshot"])
-        wy = pick(rows, "verify_ring", H, N, T, ROWS)
+        rv = pick(rows, "verify_ring", H, N, T, ROWS)
         ch = pick(rows, "verify_ring", H, N, T, CHUNKED)
         uv = upbest(rows, ["up_verify_unfused_ring", "up_verify_fused_ring"], H, N, T)
         uf = pick(rows, "up_fold", H, N, T, who="up")
@@ -76,7 +76,7 @@ def main(path):
         snap = f(sn, us) if sn else "not timed (see below)"
         ups = " / ".join(f"{x['us']:.1f}" if x else "—" for x in (uv, uf, us)) + " / —"
         out.append(f"| {H} | {N} | {T} | {f(v, uv)} | {f(fo, uf)} | {step} | {snap} | — | {ups} | "
-                   f"{v['io_floor_us']:.1f} ({v['io_floor_us'] / v['floor_us']:.2f}× S/B) | {f(wy)} / {f(ch)} |")
+                   f"{v['io_floor_us']:.1f} ({v['io_floor_us'] / v['floor_us']:.2f}× S/B) | {f(rv)} / {f(ch)} |")
     print("\n".join(out))
     print()
     print(f"copy bandwidth {d['bandwidth_TBps']:.3f} TB/s; {d['env'].get('gpu')}; driver {d['env'].get('nvidia_smi')}; "
