@@ -44,14 +44,19 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     H200 sweeps (docs/benchmarks.md): the chunked pair wins from N*H = 384 at every window (H=12,
     N=32, T=4: 28.4 against 33.0 us) and for 16-token windows from N*H >= 128; below that the
     single recurrent launch has less latency (H=12, N=16, T=4: 18.2 against 24.6 us).
-    Prep tiles (third-session sweep at H=32 and H=12, N=64/256): 64-channel chunks with 1 warp up
-    to 8-token windows (H=32, T=4: 84.2 / 288.0 us against 99.9 / 316.1 with the previous (16, 1)),
-    with 2 warps above (T=16: 232.2 / 881.8 against 238.6 / 916.0 with (32, 2))."""
+    Prep (one program per request, head and channel chunk), fourth-session probes at H=32 and H=12,
+    N=64/256: 64-channel chunks up to 8-token windows, 32 above, one warp each (H=32, N=64, T=16:
+    219.6 us against 266.6 with 16-channel chunks and 328.9 with 64). The streaming kernel
+    multiplies the state with q and k in one ``tl.dot`` (``fuse_qk``) except at 8-token windows
+    (TP = 8), where the fused product is the slower one (H=32, N=64: 149.9 against 142.5 us; at
+    T=4: 76.6 against 82.0, at T=16: 219.6 against 233.5)."""
     if impl == "rows":
         return dict(impl="rows", **verify_rows(H, N, steps))
-    prep = dict(prep_block_k=64, prep_num_warps=1 if steps <= 8 else 2)
+    fuse_qk = max(2, 1 << (steps - 1).bit_length()) != 8  # TP = next power of 2 of the window
+    prep = dict(prep_block_k=64 if steps <= 8 else 32, prep_num_warps=1, fuse_qk=fuse_qk)
     if interpreting():
-        return dict(impl="chunked", block_v=128, block_k=64, num_warps=4, prep_block_k=64, prep_num_warps=4)
+        return dict(impl="chunked", block_v=128, block_k=64, num_warps=4, prep_block_k=64, prep_num_warps=4,
+                    fuse_qk=fuse_qk)
     nh = _programs(N, H)
     small = nh < 128 or (nh < 384 and steps < 16)
     if impl is None and small:

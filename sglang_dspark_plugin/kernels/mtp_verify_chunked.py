@@ -73,15 +73,6 @@ def _prefix_sum_pair(g):
 
 
 @triton.jit
-def _pair_decay(hi, lo, TD: tl.constexpr):
-    """``D[t, s, c] = e^{G_t[c] - G_s[c]}`` for ``s <= t``, else 0: ``[TD, TD, C]``."""
-    x = (hi[:, None, :] - hi[None, :, :]) + (lo[:, None, :] - lo[None, :, :])
-    r = tl.arange(0, TD)
-    causal = (r[None, :] <= r[:, None])[:, :, None]
-    return tl.where(causal, tl.exp(tl.minimum(x, 0.0)), 0.0)
-
-
-@triton.jit
 def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr):
     """``A[t, s] = sum_c yk_t yk_s e^{G_t - G_s}`` and ``M[t, s] = sum_c yq_t yk_s e^{G_t - G_s}`` over
     the chunk's channels, for ``s <= t`` (else 0), unnormalised.
@@ -90,7 +81,9 @@ def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr):
     row, when every ``|G - G_m|`` of the chunk is below 40 (factors within ``e^{+-40}``, no overflow;
     always the case for a lower-bounded gate of -5 and windows up to 16); each factor's exp carries
     a relative error of about ``|G - G_m| * 1e-7``, well inside fp32 verify accuracy (2e-7 measured
-    on the H200). Otherwise the exact pairwise form (``_pair_decay``, ``[TP, TP, C]`` exponentials)."""
+    on the H200). Otherwise the exact pairwise form, one row ``t`` per loop iteration (a
+    ``[TP, C]`` tile of ``e^{G_t - G_s}``): a dynamic loop, so this rare branch costs neither code
+    size nor registers on the fast path (an unrolled ``[TP, TP, C]`` form spilled at TP = 16)."""
     r = tl.arange(0, TP)
     mid = r[:, None] == (TP // 2 - 1)
     hm = tl.sum(tl.where(mid, hi, 0.0), axis=0)[None, :]
@@ -102,9 +95,17 @@ def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr):
         A = tl.where(causal, tl.dot(yk * tl.exp(x), right, input_precision="tf32x3"), 0.0)
         M = tl.where(causal, tl.dot(yq * tl.exp(x), right, input_precision="tf32x3"), 0.0)
     else:
-        D = _pair_decay(hi, lo, TP)
-        A = tl.sum(yk[:, None, :] * yk[None, :, :] * D, axis=2)
-        M = tl.sum(yq[:, None, :] * yk[None, :, :] * D, axis=2)
+        A = tl.zeros([TP, TP], dtype=tl.float32)
+        M = tl.zeros([TP, TP], dtype=tl.float32)
+        for t in range(TP):
+            row_t = r[:, None] == t
+            hi_t = tl.sum(tl.where(row_t, hi, 0.0), axis=0)[None, :]
+            lo_t = tl.sum(tl.where(row_t, lo, 0.0), axis=0)[None, :]
+            d = tl.where((r <= t)[:, None], tl.exp(tl.minimum((hi_t - hi) + (lo_t - lo), 0.0)), 0.0)  # [s, C]
+            yk_t = tl.sum(tl.where(row_t, yk, 0.0), axis=0)[None, :]
+            yq_t = tl.sum(tl.where(row_t, yq, 0.0), axis=0)[None, :]
+            A = tl.where(row_t, tl.sum(yk_t * yk * d, axis=1)[None, :], A)
+            M = tl.where(row_t, tl.sum(yq_t * yk * d, axis=1)[None, :], M)
     return A, M
 
 
@@ -132,12 +133,32 @@ def _mm_small(a, b, K: tl.constexpr):
 # Ring-mode verify: prep kernel (per request and head) + streaming kernel (per V-tile)
 # ----------------------------------------------------------------------------------------------
 
+@triton.jit
+def _conv_chunk(x_base, s_x_t, offs_c, ch, cbase, s_conv_row, offs_t, bos, n_tok, w_ptr, s_w,
+                icw_base, s_icw_win, m_live, ACT_BF16: tl.constexpr):
+    """Conv + SiLU outputs ``[TP, C]`` (fp32, rounded to the act dtype) of the given channels for
+    every window row, zeros past the request; writes the conv window after each token
+    (``x_{t-2}, x_{t-1}, x_t``) to the intermediate conv windows."""
+    x3 = _shift_tile(x_base, s_x_t, offs_c, cbase, s_conv_row, ch, offs_t, bos, n_tok, 3)
+    x2 = _shift_tile(x_base, s_x_t, offs_c, cbase, s_conv_row, ch, offs_t, bos, n_tok, 2)
+    x1 = _shift_tile(x_base, s_x_t, offs_c, cbase, s_conv_row, ch, offs_t, bos, n_tok, 1)
+    x0 = _shift_tile(x_base, s_x_t, offs_c, cbase, s_conv_row, ch, offs_t, bos, n_tok, 0)
+    w = w_ptr + ch.to(tl.int64) * s_w
+    y = _round_act(_conv_silu(x3, x2, x1, x0, tl.load(w)[None, :], tl.load(w + 1)[None, :],
+                              tl.load(w + 2)[None, :], tl.load(w + 3)[None, :]), ACT_BF16)
+    icw_ty = icw_base.dtype.element_ty
+    tl.store(icw_base + ch[None, :], x2.to(icw_ty), mask=m_live)
+    tl.store(icw_base + s_icw_win + ch[None, :], x1.to(icw_ty), mask=m_live)
+    tl.store(icw_base + 2 * s_icw_win + ch[None, :], x0.to(icw_ty), mask=m_live)
+    return y
+
+
 @triton.jit(do_not_specialize=["H", "s_b_t", "s_b_h", "s_rb_slot", "s_rb_h", "s_rb_t"])
 def _verify_prep_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr, dt_bias_ptr,
     conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr,
-    rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr,
-    H, lower_bound, scale,
+    rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr,
+    H, lower_bound,
     s_q_t, s_q_h, s_k_t, s_k_h, s_a_t, s_a_h, s_b_t, s_b_h,
     s_w, s_conv_slot, s_conv_row,
     s_icw_row, s_icw_step, s_icw_win,
@@ -145,18 +166,24 @@ def _verify_prep_kernel(
     STEPS: tl.constexpr, TP: tl.constexpr, BK: tl.constexpr,
     ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
-    """Program (n, h): everything of the window that does not touch the state.
+    """Program (n, h, c): everything of the window that does not touch the state, for the q/k
+    channels of chunk ``c`` (``BK`` of them; ``NC = 128 / BK`` chunks per head).
 
-    Writes the q/k conv windows, the rawk / g / beta rings and, for the streaming kernel,
-    ``ws[n, h] = [q o e^G ; k o e^G]`` (``[2, TP, 128]`` fp32, unnormalised, zero rows past the
-    request) and ``wp[n, h] = [P (TP x TP) | rq (TP) | rk (TP)]`` with
-    ``P = M (I + diag(beta) A)^-1 diag(beta)`` on normalised q/k, ``rq``/``rk`` the norm scales."""
+    Writes these channels' q/k conv windows, rawk / g rings (chunk 0 also the beta ring) and, for
+    the streaming kernel, ``ws[n, h, :, :, chunk] = [q o e^G ; k o e^G]`` (``[2, TP, BK]`` fp32,
+    unnormalised, zero rows past the request), the chunk's unnormalised pair sums
+    ``wp[n, h, c] = [A_c (TP x TP) | M_c (TP x TP)]`` and fp64 sums of squares
+    ``wss[n, h, c] = [|q_t|^2 (TP) | |k_t|^2 (TP)]``, which the streaming kernel adds up in chunk
+    order. One program per chunk rather than per head: fewer registers (255 -> 96-128 per thread
+    at 4-token windows) and shorter serial chains per program (H200: docs/benchmarks.md)."""
     if USE_PDL:  # programmatic dependent launch: reads wait for the producer kernel
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     n = tl.program_id(0)
     h = tl.program_id(1)
+    ci = tl.program_id(2)
     KD: tl.constexpr = 128
+    NC: tl.constexpr = KD // BK
     offs_t = tl.arange(0, TP)
     h64 = h.to(tl.int64)
     slot = tl.load(slot_ptr + n).to(tl.int64)
@@ -168,91 +195,59 @@ def _verify_prep_kernel(
         row = tl.load(irow_ptr + n).to(tl.int64)
         cbase = conv_ptr + slot * s_conv_slot
         icw_base = icw_ptr + row * s_icw_row + offs_t.to(tl.int64)[:, None] * s_icw_step
-        icw_ty = icw_ptr.dtype.element_ty
-        A = tl.exp(tl.load(A_log_ptr + h))
-        beta = tl.where(live, _sigmoid(tl.load(b_ptr + (bos + offs_t).to(tl.int64) * s_b_t + h64 * s_b_h,
-                                                mask=live, other=0.0).to(tl.float32)), 0.0)
-        q_base = q_ptr + h64 * s_q_h
-        k_base = k_ptr + h64 * s_k_h
-        a_tile = a_ptr + h64 * s_a_h + (bos + offs_t).to(tl.int64)[:, None] * s_a_t
-        rk_tile = rk_ptr + slot * s_rk_slot + h64 * s_rk_h + offs_t.to(tl.int64)[:, None] * s_rk_t
-        rg_tile = rg_ptr + slot * s_rg_slot + h64 * s_rg_h + offs_t.to(tl.int64)[:, None] * s_rg_t
-        ws_tile = ws_ptr + (n * H + h).to(tl.int64) * (2 * TP * KD) + offs_t[:, None] * KD
-
-        ssq_q = tl.zeros([TP], dtype=tl.float64)  # fp64 sums of squares, as common._l2norm
-        ssq_k = tl.zeros([TP], dtype=tl.float64)
-        A_raw = tl.zeros([TP, TP], dtype=tl.float32)  # unnormalised k.k and q.k pair sums
-        M_raw = tl.zeros([TP, TP], dtype=tl.float32)
-        for c in range(0, KD, BK):
-            offs_c = c + tl.arange(0, BK)
-            ch_q = h * KD + offs_c
-            ch_k = H * KD + h * KD + offs_c
-            wq = w_ptr + ch_q.to(tl.int64) * s_w
-            wk = w_ptr + ch_k.to(tl.int64) * s_w
-            # conv inputs x_{t-3} .. x_t of every window row (zeros past the request)
-            xq3 = _shift_tile(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 3)
-            xq2 = _shift_tile(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 2)
-            xq1 = _shift_tile(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 1)
-            xq0 = _shift_tile(q_base, s_q_t, offs_c, cbase, s_conv_row, ch_q, offs_t, bos, n_tok, 0)
-            xk3 = _shift_tile(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 3)
-            xk2 = _shift_tile(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 2)
-            xk1 = _shift_tile(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 1)
-            xk0 = _shift_tile(k_base, s_k_t, offs_c, cbase, s_conv_row, ch_k, offs_t, bos, n_tok, 0)
-            yq = _round_act(_conv_silu(xq3, xq2, xq1, xq0, tl.load(wq)[None, :], tl.load(wq + 1)[None, :],
-                                       tl.load(wq + 2)[None, :], tl.load(wq + 3)[None, :]), ACT_BF16)
-            yk = _round_act(_conv_silu(xk3, xk2, xk1, xk0, tl.load(wk)[None, :], tl.load(wk + 1)[None, :],
-                                       tl.load(wk + 2)[None, :], tl.load(wk + 3)[None, :]), ACT_BF16)
-            at = tl.load(a_tile + offs_c[None, :], mask=m_live, other=0.0).to(tl.float32)
-            dtb = tl.load(dt_bias_ptr + h * KD + offs_c)
-            g = tl.where(m_live, _kda_gate(at, dtb[None, :], A, lower_bound, USE_LB), 0.0)
-            # conv window after each token (x_{t-2}, x_{t-1}, x_t) and the rawk / g rings
-            tl.store(icw_base + ch_q[None, :], xq2.to(icw_ty), mask=m_live)
-            tl.store(icw_base + s_icw_win + ch_q[None, :], xq1.to(icw_ty), mask=m_live)
-            tl.store(icw_base + 2 * s_icw_win + ch_q[None, :], xq0.to(icw_ty), mask=m_live)
-            tl.store(icw_base + ch_k[None, :], xk2.to(icw_ty), mask=m_live)
-            tl.store(icw_base + s_icw_win + ch_k[None, :], xk1.to(icw_ty), mask=m_live)
-            tl.store(icw_base + 2 * s_icw_win + ch_k[None, :], xk0.to(icw_ty), mask=m_live)
-            tl.store(rk_tile + offs_c[None, :], yk.to(rk_ptr.dtype.element_ty), mask=m_live)
-            tl.store(rg_tile + offs_c[None, :], g, mask=m_live)
-            yqd = yq.to(tl.float64)
-            ykd = yk.to(tl.float64)
-            ssq_q += tl.sum(yqd * yqd, axis=1)
-            ssq_k += tl.sum(ykd * ykd, axis=1)
-
-            hi, lo = _prefix_sum_pair(g)
-            A_c, M_c = _pair_sums(yq, yk, hi, lo, m_live, TP)
-            A_raw += A_c
-            M_raw += M_c
-            eG = tl.exp(hi + lo)
-            tl.store(ws_tile + offs_c[None, :], yq * eG)
-            tl.store(ws_tile + TP * KD + offs_c[None, :], yk * eG)
-
-        rq = tl.rsqrt((ssq_q + 1e-6).to(tl.float32)) * scale
-        rk = tl.rsqrt((ssq_k + 1e-6).to(tl.float32))
-        lower = offs_t[:, None] > offs_t[None, :]
-        diag = offs_t[:, None] == offs_t[None, :]
-        Nm = tl.where(lower, A_raw * rk[:, None] * rk[None, :] * beta[:, None], 0.0)
-        Mm = tl.where(lower | diag, M_raw * rq[:, None] * rk[None, :], 0.0)
-        P = _mm_small(Mm, _unit_lower_inverse_rows(Nm, TP), TP) * beta[None, :]  # [t, s]
-        wp = wp_ptr + (n * H + h).to(tl.int64) * (TP * TP + 2 * TP)
-        tl.store(wp + offs_t[:, None] * TP + offs_t[None, :], P)
-        tl.store(wp + TP * TP + offs_t, rq)
-        tl.store(wp + TP * TP + TP + offs_t, rk)
-        tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t, beta, mask=live)
+        t64 = offs_t.to(tl.int64)[:, None]
+        offs_c = ci * BK + tl.arange(0, BK)
+        yq = _conv_chunk(q_ptr + h64 * s_q_h, s_q_t, offs_c, h * KD + offs_c, cbase, s_conv_row,
+                         offs_t, bos, n_tok, w_ptr, s_w, icw_base, s_icw_win, m_live, ACT_BF16)
+        yk = _conv_chunk(k_ptr + h64 * s_k_h, s_k_t, offs_c, H * KD + h * KD + offs_c, cbase, s_conv_row,
+                         offs_t, bos, n_tok, w_ptr, s_w, icw_base, s_icw_win, m_live, ACT_BF16)
+        at = tl.load(a_ptr + h64 * s_a_h + (bos + offs_t).to(tl.int64)[:, None] * s_a_t + offs_c[None, :],
+                     mask=m_live, other=0.0).to(tl.float32)
+        dtb = tl.load(dt_bias_ptr + h * KD + offs_c)
+        g = tl.where(m_live, _kda_gate(at, dtb[None, :], tl.exp(tl.load(A_log_ptr + h)), lower_bound, USE_LB),
+                     0.0)
+        tl.store(rk_ptr + slot * s_rk_slot + h64 * s_rk_h + t64 * s_rk_t + offs_c[None, :],
+                 yk.to(rk_ptr.dtype.element_ty), mask=m_live)
+        tl.store(rg_ptr + slot * s_rg_slot + h64 * s_rg_h + t64 * s_rg_t + offs_c[None, :], g, mask=m_live)
+        hi, lo = _prefix_sum_pair(g)
+        A_c, M_c = _pair_sums(yq, yk, hi, lo, m_live, TP)
+        eG = tl.exp(hi + lo)
+        ws_tile = ws_ptr + (n * H + h).to(tl.int64) * (2 * TP * KD) + offs_t[:, None] * KD + offs_c[None, :]
+        tl.store(ws_tile, yq * eG)
+        tl.store(ws_tile + TP * KD, yk * eG)
+        nhc = ((n * H + h) * NC + ci).to(tl.int64)
+        tt = offs_t[:, None] * TP + offs_t[None, :]
+        tl.store(wp_ptr + nhc * (2 * TP * TP) + tt, A_c)
+        tl.store(wp_ptr + nhc * (2 * TP * TP) + TP * TP + tt, M_c)
+        yqd = yq.to(tl.float64)
+        ykd = yk.to(tl.float64)
+        tl.store(wss_ptr + nhc * (2 * TP) + offs_t, tl.sum(yqd * yqd, axis=1))
+        tl.store(wss_ptr + nhc * (2 * TP) + TP + offs_t, tl.sum(ykd * ykd, axis=1))
+        if ci == 0:
+            beta = _sigmoid(tl.load(b_ptr + (bos + offs_t).to(tl.int64) * s_b_t + h64 * s_b_h,
+                                    mask=live, other=0.0).to(tl.float32))
+            tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t, beta, mask=live)
 
 
-@triton.jit(do_not_specialize=["N", "T", "H", "s_rv_slot", "s_rv_h", "s_rv_t"])
+@triton.jit(do_not_specialize=["N", "T", "H", "s_rv_slot", "s_rv_h", "s_rv_t", "s_rb_slot", "s_rb_h", "s_rb_t"])
 def _verify_stream_kernel(
-    v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, ws_ptr, wp_ptr,
-    N, T, H,
+    v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr,
+    ws_ptr, wp_ptr, wss_ptr,
+    N, T, H, scale,
     s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row,
-    s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t,
-    STEPS: tl.constexpr, TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
-    ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
+    s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_rb_slot, s_rb_h, s_rb_t,
+    STEPS: tl.constexpr, TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
+    FUSE_QK: tl.constexpr, ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
-    """Program (iv, n, h): stream the state tile ``[BV, 128]`` through two ``tl.dot`` with the prep
-    kernel's ``q o e^G`` / ``k o e^G``, then ``O^T = S0 Qg^T rq + (V^T - S0 Kg^T rk) P^T``; also the
-    V-tile's conv windows and rawv ring."""
+    """Program (iv, n, h): stream the state tile ``[BV, 128]`` through ``tl.dot`` with the prep
+    kernel's ``q o e^G`` / ``k o e^G`` (one product with both stacked when ``FUSE_QK``, else two);
+    add up the prep's ``NC`` chunk partials into the norms and ``P = M (I + diag(beta) A)^-1
+    diag(beta)`` (normalised q/k); ``O^T = S0 Qg^T rq + (V^T - S0 Kg^T rk) P^T``; also the V-tile's
+    conv windows and rawv ring.
+
+    The epilogue's loads come after the state loop: issuing them first (and the v conv in the prep)
+    measured slower on the H200 (more registers live across the loop: 168 instead of 128 per thread
+    at 4-token windows; 74.9 / 170.1 / 242.3 us against 76.6 / 142.5 / 219.6 at H=32, N=64)."""
     if USE_PDL:  # waits for the prep kernel (the previous launch on the stream) to finish
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -282,42 +277,52 @@ def _verify_stream_kernel(
         tl.store(o_ptrs, tl.zeros([BV, TP], dtype=tl.float32).to(out_ty), mask=live[None, :])
     else:
         s_tile = ssm_ptr + slot * s_ssm_slot + h64 * (KD * KD) + offs_v[:, None] * KD
-        ws_tile = ws_ptr + (n * H + h).to(tl.int64) * (2 * TP * KD) + offs_t[:, None] * KD
-        acc_q = tl.zeros([BV, TP], dtype=tl.float32)
-        acc_k = tl.zeros([BV, TP], dtype=tl.float32)
-        for c in range(0, KD, BK):
-            offs_c = c + tl.arange(0, BK)
-            S0 = tl.load(s_tile + offs_c[None, :])
-            acc_q = tl.dot(S0, tl.trans(tl.load(ws_tile + offs_c[None, :])), acc_q, input_precision=DOT_PREC)
-            acc_k = tl.dot(S0, tl.trans(tl.load(ws_tile + TP * KD + offs_c[None, :])), acc_k,
-                           input_precision=DOT_PREC)
-        wp = wp_ptr + (n * H + h).to(tl.int64) * (TP * TP + 2 * TP)
-        P = tl.load(wp + offs_t[:, None] * TP + offs_t[None, :])
-        rq = tl.load(wp + TP * TP + offs_t)
-        rk = tl.load(wp + TP * TP + TP + offs_t)
+        ws_nh = ws_ptr + (n * H + h).to(tl.int64) * (2 * TP * KD)
+        if FUSE_QK:  # one product of the state chunk with [q o e^G ; k o e^G] ([2TP, BK])
+            ws_rows = ws_nh + tl.arange(0, 2 * TP)[:, None] * KD
+            acc = tl.zeros([BV, 2 * TP], dtype=tl.float32)
+            for c in range(0, KD, BK):
+                offs_c = c + tl.arange(0, BK)
+                S0 = tl.load(s_tile + offs_c[None, :])
+                acc = tl.dot(S0, tl.trans(tl.load(ws_rows + offs_c[None, :])), acc, input_precision=DOT_PREC)
+            acc_q, acc_k = tl.split(tl.permute(tl.reshape(acc, [BV, 2, TP]), [0, 2, 1]))
+        else:
+            ws_rows = ws_nh + offs_t[:, None] * KD
+            acc_q = tl.zeros([BV, TP], dtype=tl.float32)
+            acc_k = tl.zeros([BV, TP], dtype=tl.float32)
+            for c in range(0, KD, BK):
+                offs_c = c + tl.arange(0, BK)
+                S0 = tl.load(s_tile + offs_c[None, :])
+                acc_q = tl.dot(S0, tl.trans(tl.load(ws_rows + offs_c[None, :])), acc_q, input_precision=DOT_PREC)
+                acc_k = tl.dot(S0, tl.trans(tl.load(ws_rows + TP * KD + offs_c[None, :])), acc_k,
+                               input_precision=DOT_PREC)
 
-        # v channels of this V-tile: conv, windows, rawv ring (after the state loop: measured ~5 %
-        # faster at 16-token windows than issuing these loads first)
-        row = tl.load(irow_ptr + n).to(tl.int64)
-        m_live = live[:, None]
-        cbase = conv_ptr + slot * s_conv_slot
-        icw_base = icw_ptr + row * s_icw_row + offs_t.to(tl.int64)[:, None] * s_icw_step
-        icw_ty = icw_ptr.dtype.element_ty
-        ch_v = 2 * H * KD + h * KD + offs_v
-        v_base = v_ptr + h64 * s_v_h
-        xv3 = _shift_tile(v_base, s_v_t, offs_v, cbase, s_conv_row, ch_v, offs_t, bos, n_tok, 3)
-        xv2 = _shift_tile(v_base, s_v_t, offs_v, cbase, s_conv_row, ch_v, offs_t, bos, n_tok, 2)
-        xv1 = _shift_tile(v_base, s_v_t, offs_v, cbase, s_conv_row, ch_v, offs_t, bos, n_tok, 1)
-        xv0 = _shift_tile(v_base, s_v_t, offs_v, cbase, s_conv_row, ch_v, offs_t, bos, n_tok, 0)
-        wv = w_ptr + ch_v.to(tl.int64) * s_w
-        yv = _round_act(_conv_silu(xv3, xv2, xv1, xv0, tl.load(wv)[None, :], tl.load(wv + 1)[None, :],
-                                   tl.load(wv + 2)[None, :], tl.load(wv + 3)[None, :]), ACT_BF16)
-        tl.store(icw_base + ch_v[None, :], xv2.to(icw_ty), mask=m_live)
-        tl.store(icw_base + s_icw_win + ch_v[None, :], xv1.to(icw_ty), mask=m_live)
-        tl.store(icw_base + 2 * s_icw_win + ch_v[None, :], xv0.to(icw_ty), mask=m_live)
+        # the window's T x T algebra from the prep's chunk partials (added in chunk order)
+        tt = offs_t[:, None] * TP + offs_t[None, :]
+        A_raw = tl.zeros([TP, TP], dtype=tl.float32)  # unnormalised k.k and q.k pair sums
+        M_raw = tl.zeros([TP, TP], dtype=tl.float32)
+        ssq_q = tl.zeros([TP], dtype=tl.float64)  # fp64 sums of squares, as common._l2norm
+        ssq_k = tl.zeros([TP], dtype=tl.float64)
+        for ci in tl.static_range(NC):
+            nhc = ((n * H + h) * NC + ci).to(tl.int64)
+            A_raw += tl.load(wp_ptr + nhc * (2 * TP * TP) + tt)
+            M_raw += tl.load(wp_ptr + nhc * (2 * TP * TP) + TP * TP + tt)
+            ssq_q += tl.load(wss_ptr + nhc * (2 * TP) + offs_t)
+            ssq_k += tl.load(wss_ptr + nhc * (2 * TP) + TP + offs_t)
+        beta = tl.load(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t, mask=live, other=0.0)
+        rq = tl.rsqrt((ssq_q + 1e-6).to(tl.float32)) * scale
+        rk = tl.rsqrt((ssq_k + 1e-6).to(tl.float32))
+        lower = offs_t[:, None] > offs_t[None, :]
+        diag = offs_t[:, None] == offs_t[None, :]
+        Nm = tl.where(lower, A_raw * rk[:, None] * rk[None, :] * beta[:, None], 0.0)
+        Mm = tl.where(lower | diag, M_raw * rq[:, None] * rk[None, :], 0.0)
+        P = _mm_small(Mm, _unit_lower_inverse_rows(Nm, TP), TP) * beta[None, :]  # [t, s]
+        # v channels of this V-tile: conv, windows, rawv ring
+        icw_base = icw_ptr + tl.load(irow_ptr + n).to(tl.int64) * s_icw_row + offs_t.to(tl.int64)[:, None] * s_icw_step
+        yv = _conv_chunk(v_ptr + h64 * s_v_h, s_v_t, offs_v, 2 * H * KD + h * KD + offs_v, conv_ptr + slot * s_conv_slot,
+                         s_conv_row, offs_t, bos, n_tok, w_ptr, s_w, icw_base, s_icw_win, live[:, None], ACT_BF16)
         tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
-                 + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=m_live)
-
+                 + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=live[:, None])
         Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
         o = acc_q * rq[None, :] + _mm_small(Z, tl.trans(P), TP)
         tl.store(o_ptrs, _round_act(o, ACT_BF16).to(out_ty), mask=live[None, :])
@@ -327,25 +332,29 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
                                conv_state, slot_indices, cu_seqlens, intermediate_conv, intermediate_rows,
                                ring_rawv, ring_rawk, ring_g, ring_beta, N, T, H, steps, act_bf16,
                                block_v=128, block_k=32, num_warps=4, num_stages=None, dot_precision="tf32x3",
-                               prep_block_k=32, prep_num_warps=4, pdl=False):
+                               fuse_qk=True, prep_block_k=32, prep_num_warps=1, pdl=False):
     """Launch the prep and streaming kernels on arguments ``mtp_verify`` has validated.
 
     Workspace (allocated here, from the caching allocator: CUDA-graph capturable): ``[N, H, 2, TP, 128]``
-    fp32 decayed q/k and ``[N, H, TP*TP + 2*TP]`` fp32 window matrices, ``TP = next_pow2(1 + num_spec)``."""
+    fp32 decayed q/k, the prep's per-chunk pair sums ``[N, H, NC, 2, TP, TP]`` fp32 and sums of squares
+    ``[N, H, NC, 2, TP]`` fp64, ``TP = next_pow2(1 + num_spec)``, ``NC = 128 / prep_block_k``."""
     rv, rk, rg, rb = ring_rawv, ring_rawk, ring_g, ring_beta
     TP = max(2, triton.next_power_of_2(steps))
     dev = q.device
+    NC = 128 // prep_block_k
     ws = torch.empty((N, H, 2, TP, 128), dtype=torch.float32, device=dev)
-    wp = torch.empty((N, H, TP * TP + 2 * TP), dtype=torch.float32, device=dev)
+    wp = torch.empty((N, H, NC, 2, TP, TP), dtype=torch.float32, device=dev)
+    wss = torch.empty((N, H, NC, 2, TP), dtype=torch.float64, device=dev)
     pdl_kw = dict(USE_PDL=True, launch_pdl=True) if pdl else {}
-    _verify_prep_kernel[(N, H)](
+    icw = intermediate_conv
+    _verify_prep_kernel[(N, H, NC)](
         q, k, a, b, conv_weight, A_flat, dt_flat,
-        conv_state, slot_indices, cu_seqlens, intermediate_conv, intermediate_rows,
-        rk, rg, rb, ws, wp,
-        H, 0.0 if lower_bound is None else lower_bound, scale,
+        conv_state, slot_indices, cu_seqlens, icw, intermediate_rows,
+        rk, rg, rb, ws, wp, wss,
+        H, 0.0 if lower_bound is None else lower_bound,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), a.stride(1), a.stride(2), b.stride(1), b.stride(2),
         conv_weight.stride(0), conv_state.stride(0), conv_state.stride(1),
-        intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
+        icw.stride(0), icw.stride(1), icw.stride(2),
         rk.stride(0), rk.stride(1), rk.stride(2), rg.stride(0), rg.stride(1), rg.stride(2),
         rb.stride(0), rb.stride(1), rb.stride(2),
         STEPS=steps, TP=TP, BK=prep_block_k, ACT_BF16=act_bf16, USE_LB=lower_bound is not None,
@@ -355,14 +364,14 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
     if num_stages is not None:
         kw["num_stages"] = num_stages
     _verify_stream_kernel[(128 // block_v, N, H)](
-        v, out, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens, intermediate_conv,
-        intermediate_rows, rv, ws, wp,
-        N, T, H,
+        v, out, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens, icw, intermediate_rows, rv, rb,
+        ws, wp, wss,
+        N, T, H, scale,
         v.stride(1), v.stride(2), out.stride(1), out.stride(2), conv_weight.stride(0),
         ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
-        intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
-        rv.stride(0), rv.stride(1), rv.stride(2),
-        STEPS=steps, TP=TP, BV=block_v, BK=block_k, ACT_BF16=act_bf16, DOT_PREC=dot_precision,
-        **kw,
+        icw.stride(0), icw.stride(1), icw.stride(2),
+        rv.stride(0), rv.stride(1), rv.stride(2), rb.stride(0), rb.stride(1), rb.stride(2),
+        STEPS=steps, TP=TP, BV=block_v, BK=block_k, NC=NC, FUSE_QK=fuse_qk, ACT_BF16=act_bf16,
+        DOT_PREC=dot_precision, **kw,
     )
     return out
