@@ -1,0 +1,111 @@
+"""Static report of a bundled kernel compiled for the H200 (sm_90) on a machine without a GPU.
+
+Triton lowers the kernel to a cubin with the ``ptxas`` it ships; ``cuobjdump`` / ``nvdisasm``
+(also shipped with Triton) give its registers, stack (spills) and SASS. Registers decide the
+occupancy and spills the local-memory traffic, so most tile and code-shape questions can be
+answered here before spending device time (docs/benchmarks.md, fourth session)::
+
+    python3 benchmarks/sass_report.py verify-prep --T 16 --block-k 32 --warps 1
+    python3 benchmarks/sass_report.py verify-stream --T 8 --no-fuse-qk --lines 15
+
+Counts are static (instructions in the binary, loop bodies once): compare variants of one kernel,
+not kernels with each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from sglang_dspark_plugin.kernels import mtp_verify_chunked
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+H200 = GPUTarget("cuda", 90, 32)
+
+# Argument types of the presets (bf16 activations, int32 index tensors); every other ``*_ptr`` is
+# fp32 and every other non-constexpr argument an int32.
+ACT = ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "out_ptr", "conv_ptr", "icw_ptr", "rk_ptr", "rv_ptr")
+TYPES = {**{n: "*bf16" for n in ACT}, "slot_ptr": "*i32", "cu_ptr": "*i32", "irow_ptr": "*i32",
+         "wss_ptr": "*fp64", "lower_bound": "fp32", "scale": "fp32"}
+
+
+def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int):
+    """``triton.compile`` of a ``@triton.jit`` function for sm_90, argument types from TYPES."""
+    names = fn.arg_names
+    sig = {n: "constexpr" if n in constexprs else TYPES.get(n, "*fp32" if n.endswith("_ptr") else "i32")
+           for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    return triton.compile(src, target=H200, options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def _tool(name: str, *args: str) -> str:
+    return subprocess.run([os.path.join(BIN, name), *args], capture_output=True, text=True, check=True).stdout
+
+
+def report(compiled, lines: int = 0) -> dict:
+    """Registers, stack bytes, shared memory, SASS size and opcode counts (and, with ``lines``,
+    the source lines with the most instructions) of a compiled kernel."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        res = _tool("cuobjdump", "-res-usage", path)
+        sass = _tool("nvdisasm", "-c", "-g", path)
+    m = re.search(r"REG:(\d+).*?STACK:(\d+)", res)
+    ops, per_line, spills = collections.Counter(), collections.Counter(), collections.Counter()
+    where = "?"
+    for ln in sass.splitlines():
+        loc = re.search(r'//## File "([^"]+)", line (\d+)', ln)
+        if loc:
+            where = f"{os.path.basename(loc.group(1))}:{loc.group(2)}"
+            continue
+        ins = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln)
+        if ins:
+            ops[ins.group(1)] += 1
+            per_line[where] += 1
+            spills[where] += ins.group(1) in ("STL", "LDL")
+    return dict(registers=int(m.group(1)), stack=int(m.group(2)), shared=compiled.metadata.shared,
+                sass=sum(ops.values()), ops=ops, lines=[(k, v, spills[k]) for k, v in per_line.most_common(lines)])
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("kernel", choices=("verify-prep", "verify-stream"))
+    ap.add_argument("--T", type=int, default=4, help="window length 1 + num_spec")
+    ap.add_argument("--block-k", type=int, default=None, help="prep: channels per program; stream: K-chunk")
+    ap.add_argument("--block-v", type=int, default=128, help="stream: V rows per program")
+    ap.add_argument("--prep-block-k", type=int, default=64, help="stream: the prep's chunk (number of partials)")
+    ap.add_argument("--no-fuse-qk", action="store_true", help="stream: two state products instead of one")
+    ap.add_argument("--warps", type=int, default=None)
+    ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--lines", type=int, default=0, help="also list the N source lines with the most SASS")
+    a = ap.parse_args(argv)
+    TP = max(2, triton.next_power_of_2(a.T))
+    common = dict(STEPS=a.T, TP=TP, ACT_BF16=True, USE_PDL=False)
+    if a.kernel == "verify-prep":
+        fn, warps = mtp_verify_chunked._verify_prep_kernel, a.warps or 1
+        const = dict(common, BK=a.block_k or 64, USE_LB=True)
+    else:
+        fn, warps = mtp_verify_chunked._verify_stream_kernel, a.warps or 4
+        const = dict(common, BV=a.block_v, BK=a.block_k or 32, NC=128 // a.prep_block_k, FUSE_QK=not a.no_fuse_qk,
+                     DOT_PREC="tf32x3")
+    r = report(compile_sm90(fn, const, warps, a.stages), a.lines)
+    print(f"{a.kernel} T={a.T} {', '.join(f'{k}={v}' for k, v in const.items() if k not in common)} warps={warps} "
+          f"stages={a.stages}: {r['registers']} registers, {r['stack']} B stack, {r['shared']} B shared, "
+          f"{r['sass']} SASS instructions")
+    print("  " + ", ".join(f"{k} {v}" for k, v in r["ops"].most_common(12)))
+    for where, n, spill in r["lines"]:
+        print(f"  {n:6d}  {where}" + (f"  ({spill} spill)" if spill else ""))
+    return r
+
+
+if __name__ == "__main__":
+    main()
