@@ -271,7 +271,8 @@ def mtp_verify(
         ``[block_v, 128]`` kernel below; snapshot mode: always the recurrent kernel).
         ``"chunked"`` or ``"rows"`` force one (``"chunked"`` falls back to ``"rows"`` in snapshot mode).
     prep_block_k, prep_num_warps : int, optional
-        Chunked kernel: K-chunk and warps of its prep kernel (one program per request and head).
+        Chunked kernel: q/k channels and warps per program of its prep kernel (one program per
+        request, head and channel chunk).
 
     Exactly one of snapshot mode (``intermediate_ssm``) and ring mode (all four rings) must be used.
 

@@ -15,13 +15,14 @@ normalised keys / scaled queries, per-K log-decays ``g_t``, ``G_t = sum_{j <= t}
                  U^T = (I + diag(beta) A)^-1 diag(beta) (V^T - (k o e^G) S0^T)
                  O^T = (q o e^G) S0^T + M U^T
 
-Split: the *prep* kernel (one program per request and head) does everything that does not touch
-the state -- conv, gates, norms, rings, conv windows, ``A``/``M`` and ``P = M (I + diag(beta) A)^-1
-diag(beta)`` -- and leaves ``q o e^G``, ``k o e^G`` and ``P`` in a small workspace; the *streaming*
-kernel (one program per request, head and V-tile) reads the state once, in K-chunks, into two
-``tl.dot`` (``tf32x3`` by default: three tf32 products, about fp32 accuracy) and combines
-``O^T = S0 Qg^T rq + (V^T - S0 Kg^T rk) P^T``. One kernel doing both ran at low occupancy (255
-registers) and was 2x slower on the H200 (docs/benchmarks.md).
+Split: the *prep* kernel (one program per request, head and chunk of q/k channels) does the
+channel-local work that does not touch the state -- q/k conv, gates, rings, conv windows -- and
+leaves ``q o e^G``, ``k o e^G`` and the chunk's partial ``A``/``M`` and sums of squares in a small
+workspace; the *streaming* kernel (one program per request, head and V-tile) reads the state once,
+in K-chunks, into ``tl.dot`` (``tf32x3`` by default: three tf32 products, about fp32 accuracy),
+adds the partials up into the norms and ``P = M (I + diag(beta) A)^-1 diag(beta)``, does the v
+conv of its V-tile and combines ``O^T = S0 Qg^T rq + (V^T - S0 Kg^T rk) P^T``. One kernel doing
+both ran at low occupancy (255 registers) and was 2x slower on the H200 (docs/benchmarks.md).
 
 Precision: ``G_t - G_s`` is formed from the prefix sums kept as exact fp32 pairs (hi + lo of an
 fp64 cumsum), so a pairwise decay ``e^{G_t - G_s}`` is as accurate as one ``exp`` of the segment
@@ -130,7 +131,7 @@ def _mm_small(a, b, K: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------------------------
-# Ring-mode verify: prep kernel (per request and head) + streaming kernel (per V-tile)
+# Ring-mode verify: prep kernel (per request, head, channel chunk) + streaming kernel (per V-tile)
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit
@@ -246,7 +247,7 @@ def _verify_stream_kernel(
     conv windows and rawv ring.
 
     The epilogue's loads come after the state loop: issuing them first (and the v conv in the prep)
-    measured slower on the H200 (more registers live across the loop: 168 instead of 128 per thread
+    measured slower on the H200 (more registers live across the loop: 168 instead of 115 per thread
     at 4-token windows; 74.9 / 170.1 / 242.3 us against 76.6 / 142.5 / 219.6 at H=32, N=64)."""
     if USE_PDL:  # waits for the prep kernel (the previous launch on the stream) to finish
         tl.extra.cuda.gdc_wait()
@@ -318,9 +319,11 @@ def _verify_stream_kernel(
         Mm = tl.where(lower | diag, M_raw * rq[:, None] * rk[None, :], 0.0)
         P = _mm_small(Mm, _unit_lower_inverse_rows(Nm, TP), TP) * beta[None, :]  # [t, s]
         # v channels of this V-tile: conv, windows, rawv ring
-        icw_base = icw_ptr + tl.load(irow_ptr + n).to(tl.int64) * s_icw_row + offs_t.to(tl.int64)[:, None] * s_icw_step
-        yv = _conv_chunk(v_ptr + h64 * s_v_h, s_v_t, offs_v, 2 * H * KD + h * KD + offs_v, conv_ptr + slot * s_conv_slot,
-                         s_conv_row, offs_t, bos, n_tok, w_ptr, s_w, icw_base, s_icw_win, live[:, None], ACT_BF16)
+        row = tl.load(irow_ptr + n).to(tl.int64)
+        icw_base = icw_ptr + row * s_icw_row + offs_t.to(tl.int64)[:, None] * s_icw_step
+        yv = _conv_chunk(v_ptr + h64 * s_v_h, s_v_t, offs_v, 2 * H * KD + h * KD + offs_v,
+                         conv_ptr + slot * s_conv_slot, s_conv_row, offs_t, bos, n_tok, w_ptr, s_w,
+                         icw_base, s_icw_win, live[:, None], ACT_BF16)
         tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
                  + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=live[:, None])
         Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
