@@ -7,6 +7,7 @@ answered here before spending device time (docs/benchmarks.md, fourth session)::
 
     python3 benchmarks/sass_report.py verify-prep --T 16 --block-k 32 --warps 1
     python3 benchmarks/sass_report.py verify-stream --T 8 --no-fuse-qk --lines 15
+    python3 benchmarks/sass_report.py fold --block-v 8 --warps 1 --lines 15
 
 Counts are static (instructions in the binary, loop bodies once): compare variants of one kernel,
 not kernels with each other.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import os
 import re
 import subprocess
@@ -27,13 +29,17 @@ from triton.compiler import ASTSource
 
 from sglang_dspark_plugin.kernels import mtp_verify_chunked
 
+# the package exports the wrapper function under the module's name
+replayssm_fold = importlib.import_module("sglang_dspark_plugin.kernels.replayssm_fold")
+
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 H200 = GPUTarget("cuda", 90, 32)
 
 # Argument types of the presets (bf16 activations, int32 index tensors); every other ``*_ptr`` is
 # fp32 and every other non-constexpr argument an int32.
 ACT = ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "out_ptr", "conv_ptr", "icw_ptr", "rk_ptr", "rv_ptr")
-TYPES = {**{n: "*bf16" for n in ACT}, "slot_ptr": "*i32", "cu_ptr": "*i32", "irow_ptr": "*i32",
+TYPES = {**{n: "*bf16" for n in ACT}, **{n: "*i32" for n in ("slot_ptr", "cu_ptr", "irow_ptr", "acc_ptr", "tslot_ptr",
+                                                               "tstep_ptr")},
          "wss_ptr": "*fp64", "lower_bound": "fp32", "scale": "fp32"}
 
 
@@ -78,27 +84,31 @@ def report(compiled, lines: int = 0) -> dict:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=("verify-prep", "verify-stream"))
+    ap.add_argument("kernel", choices=("verify-prep", "verify-stream", "fold"))
     ap.add_argument("--T", type=int, default=4, help="window length 1 + num_spec")
     ap.add_argument("--block-k", type=int, default=None, help="prep: channels per program; stream: K-chunk")
-    ap.add_argument("--block-v", type=int, default=128, help="stream: V rows per program")
+    ap.add_argument("--block-v", type=int, default=None, help="stream (128) / fold (8): V rows per program")
     ap.add_argument("--prep-block-k", type=int, default=64, help="stream: the prep's chunk (number of partials)")
     ap.add_argument("--no-fuse-qk", action="store_true", help="stream: two state products instead of one")
     ap.add_argument("--warps", type=int, default=None)
+    ap.add_argument("--no-conv", action="store_true", help="fold: without the conv-state roll")
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--lines", type=int, default=0, help="also list the N source lines with the most SASS")
     a = ap.parse_args(argv)
     TP = max(2, triton.next_power_of_2(a.T))
     common = dict(STEPS=a.T, TP=TP, ACT_BF16=True, USE_PDL=False)
-    if a.kernel == "verify-prep":
+    if a.kernel == "fold":  # the window length is a runtime value there
+        fn, warps, common = replayssm_fold._replayssm_fold_kernel, a.warps or 1, dict(USE_PDL=False)
+        const = dict(common, BV=a.block_v or 8, CONV=not a.no_conv, TRACK=False)
+    elif a.kernel == "verify-prep":
         fn, warps = mtp_verify_chunked._verify_prep_kernel, a.warps or 1
         const = dict(common, BK=a.block_k or 64, USE_LB=True)
     else:
         fn, warps = mtp_verify_chunked._verify_stream_kernel, a.warps or 4
-        const = dict(common, BV=a.block_v, BK=a.block_k or 32, NC=128 // a.prep_block_k, FUSE_QK=not a.no_fuse_qk,
+        const = dict(common, BV=a.block_v or 128, BK=a.block_k or 32, NC=128 // a.prep_block_k, FUSE_QK=not a.no_fuse_qk,
                      DOT_PREC="tf32x3")
     r = report(compile_sm90(fn, const, warps, a.stages), a.lines)
-    print(f"{a.kernel} T={a.T} {', '.join(f'{k}={v}' for k, v in const.items() if k not in common)} warps={warps} "
+    print(f"{a.kernel}{'' if a.kernel == 'fold' else f' T={a.T}'} {', '.join(f'{k}={v}' for k, v in const.items() if k not in common)} warps={warps} "
           f"stages={a.stages}: {r['registers']} registers, {r['stack']} B stack, {r['shared']} B shared, "
           f"{r['sass']} SASS instructions")
     print("  " + ", ".join(f"{k} {v}" for k, v in r["ops"].most_common(12)))
