@@ -361,7 +361,7 @@ def mtp_verify(
             ring_beta=ring_beta, N=N, T=T, H=H, steps=steps, act_bf16=act == torch.bfloat16,
             block_v=max(16, BV), block_k=max(16, BK), num_warps=warps, num_stages=stages,
             prep_block_k=prep_block_k or cfg["prep_block_k"], prep_num_warps=prep_num_warps or cfg["prep_num_warps"],
-            dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"), fuse_qk=cfg.get("fuse_qk", True),
+            dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"), fuse_qk=cfg["fuse_qk"],
             pdl=bool(LC.pdl_kwargs(dev)))
     extra = {} if stages is None else dict(num_stages=stages)
 

@@ -195,8 +195,8 @@ def _verify_prep_kernel(
         m_live = live[:, None]
         row = tl.load(irow_ptr + n).to(tl.int64)
         cbase = conv_ptr + slot * s_conv_slot
-        icw_base = icw_ptr + row * s_icw_row + offs_t.to(tl.int64)[:, None] * s_icw_step
         t64 = offs_t.to(tl.int64)[:, None]
+        icw_base = icw_ptr + row * s_icw_row + t64 * s_icw_step
         offs_c = ci * BK + tl.arange(0, BK)
         yq = _conv_chunk(q_ptr + h64 * s_q_h, s_q_t, offs_c, h * KD + offs_c, cbase, s_conv_row,
                          offs_t, bos, n_tok, w_ptr, s_w, icw_base, s_icw_win, m_live, ACT_BF16)
