@@ -84,12 +84,12 @@ def report(compiled, lines: int = 0) -> dict:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=("verify-prep", "verify-stream", "fold"))
+    ap.add_argument("kernel", choices=("verify-prep", "verify-finish", "verify-stream", "fold"))
     ap.add_argument("--T", type=int, default=4, help="window length 1 + num_spec")
     ap.add_argument("--block-k", type=int, default=None, help="prep: channels per program; stream: K-chunk")
     ap.add_argument("--block-v", type=int, default=None, help="stream (128) / fold (8): V rows per program")
     ap.add_argument("--prep-block-k", type=int, default=64, help="stream: the prep's chunk (number of partials)")
-    ap.add_argument("--no-fuse-qk", action="store_true", help="stream: two state products instead of one")
+    ap.add_argument("--finish", action="store_true", help="stream: the variant after the finish kernel")
     ap.add_argument("--warps", type=int, default=None)
     ap.add_argument("--no-conv", action="store_true", help="fold: without the conv-state roll")
     ap.add_argument("--stages", type=int, default=3)
@@ -103,9 +103,12 @@ def main(argv=None) -> dict:
     elif a.kernel == "verify-prep":
         fn, warps = mtp_verify_chunked._verify_prep_kernel, a.warps or 1
         const = dict(common, BK=a.block_k or 64, USE_LB=True)
+    elif a.kernel == "verify-finish":
+        fn, warps = mtp_verify_chunked._verify_finish_kernel, a.warps or 4
+        const = dict(STEPS=a.T, TP=TP, NC=128 // a.prep_block_k, USE_PDL=False)
     else:
         fn, warps = mtp_verify_chunked._verify_stream_kernel, a.warps or 4
-        const = dict(common, BV=a.block_v or 128, BK=a.block_k or 32, NC=128 // a.prep_block_k, FUSE_QK=not a.no_fuse_qk,
+        const = dict(common, BV=a.block_v or 128, BK=a.block_k or 32, NC=128 // a.prep_block_k, FINISHED=a.finish,
                      DOT_PREC="tf32x3")
     r = report(compile_sm90(fn, const, warps, a.stages), a.lines)
     print(f"{a.kernel}{'' if a.kernel == 'fold' else f' T={a.T}'} {', '.join(f'{k}={v}' for k, v in const.items() if k not in common)} warps={warps} "

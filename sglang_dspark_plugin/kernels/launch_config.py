@@ -46,25 +46,26 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     single recurrent launch has less latency (H=12, N=16, T=4: 18.2 against 24.6 us).
     Prep (one program per request, head and channel chunk), fourth-session probes at H=32 and H=12,
     N=64/256: 64-channel chunks up to 8-token windows, 32 above, one warp each (H=32, N=64, T=16:
-    219.6 us against 266.6 with 16-channel chunks and 328.9 with 64). The streaming kernel
-    multiplies the state with q and k in one ``tl.dot`` (``fuse_qk``) except at 8-token windows
-    (TP = 8), where the fused product is the slower one (H=32, N=64: 149.9 against 142.5 us; at
-    T=4: 76.6 against 82.0, at T=16: 219.6 against 233.5)."""
+    219.6 us against 266.6 with 16-channel chunks and 328.9 with 64). Windows of 5+ tokens
+    (``finish``, fifth session): a finish kernel per (request, head) takes the window's ``T x T``
+    algebra out of the streaming kernel, whose programs then take 64 V rows with 2 warps (H=32,
+    N=256: 540 -> 423 us at 8-token windows, 884 -> 742 at 16); up to 4 tokens the extra launch
+    costs more than it saves (H=32, N=64, T=4: 78.8 against 76.8 us), and the streaming kernel
+    multiplies the state with q and k stacked in one ``tl.dot``."""
     if impl == "rows":
         return dict(impl="rows", **verify_rows(H, N, steps))
-    fuse_qk = not 4 < steps <= 8  # the kernels pad the window to TP = 8 exactly for 5..8 tokens
-    prep = dict(prep_block_k=64 if steps <= 8 else 32, prep_num_warps=1, fuse_qk=fuse_qk)
+    finish = steps > 4
+    prep = dict(prep_block_k=64 if steps <= 8 else 32, prep_num_warps=1, finish=finish, finish_num_warps=4)
     if interpreting():
-        return dict(impl="chunked", block_v=128, block_k=64, num_warps=4, prep_block_k=64, prep_num_warps=4,
-                    fuse_qk=fuse_qk)
+        return dict(impl="chunked", block_v=128, block_k=64, num_warps=4, num_stages=None,
+                    **dict(prep, prep_block_k=64, prep_num_warps=4))
     nh = _programs(N, H)
     small = nh < 128 or (nh < 384 and steps < 16)
     if impl is None and small:
         return dict(impl="rows", **verify_rows(H, N, steps))
-    # 64-row V-tiles (two programs per head) for 16-token windows at N*H in [128, 512) (old sweep);
-    # everything else measured with whole 128-row tiles
-    block_v = 64 if (128 <= nh < 512 and steps >= 16) else 128
-    return dict(impl="chunked", block_v=block_v, block_k=32, num_warps=4, num_stages=3, **prep)
+    if finish:
+        return dict(impl="chunked", block_v=64, block_k=32, num_warps=2, num_stages=3, **prep)
+    return dict(impl="chunked", block_v=128, block_k=32, num_warps=4, num_stages=3, **prep)
 
 
 def verify_rows(H: int, N: int, steps: int) -> dict:

@@ -196,6 +196,7 @@ def mtp_verify(
     block_k: Optional[int] = None, num_stages: Optional[int] = None,
     dot_precision: Optional[str] = None, impl: Optional[str] = None,
     prep_block_k: Optional[int] = None, prep_num_warps: Optional[int] = None,
+    finish: Optional[bool] = None,
 ) -> torch.Tensor:
     """KDA speculative verify of N requests x (1 + num_spec) tokens; state and conv are read-only.
 
@@ -263,7 +264,7 @@ def mtp_verify(
         program (power of two dividing 128), warps; chunked kernel only: the ``tl.dot`` K-chunk
         (16..128) and pipeline stages of its streaming kernel.
     dot_precision : str, optional
-        Chunked kernel: ``tl.dot`` input precision of the two state products, ``"tf32x3"`` (default,
+        Chunked kernel: ``tl.dot`` input precision of the state product, ``"tf32x3"`` (default,
         about fp32 accuracy on tensor cores), ``"ieee"`` (exact fp32 FMA) or ``"tf32"``.
     impl : str, optional
         ``None``/``"auto"``: the launch table's choice (ring mode: the chunked prep + streaming
@@ -273,6 +274,9 @@ def mtp_verify(
     prep_block_k, prep_num_warps : int, optional
         Chunked kernel: q/k channels and warps per program of its prep kernel (one program per
         request, head and channel chunk).
+    finish : bool, optional
+        Chunked kernel: run the per-(request, head) finish kernel between prep and streaming kernel
+        (the window's ``T x T`` algebra once per head; default from the table: windows of 5+ tokens).
 
     Exactly one of snapshot mode (``intermediate_ssm``) and ring mode (all four rings) must be used.
 
@@ -361,7 +365,8 @@ def mtp_verify(
             ring_beta=ring_beta, N=N, T=T, H=H, steps=steps, act_bf16=act == torch.bfloat16,
             block_v=max(16, BV), block_k=max(16, BK), num_warps=warps, num_stages=stages,
             prep_block_k=prep_block_k or cfg["prep_block_k"], prep_num_warps=prep_num_warps or cfg["prep_num_warps"],
-            dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"), fuse_qk=cfg["fuse_qk"],
+            dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"),
+            finish=cfg["finish"] if finish is None else bool(finish), finish_num_warps=cfg["finish_num_warps"],
             pdl=bool(LC.pdl_kwargs(dev)))
     extra = {} if stages is None else dict(num_stages=stages)
 

@@ -130,6 +130,33 @@ def _mm_small(a, b, K: tl.constexpr):
     return tl.sum(a[:, :, None] * b[None, :, :], axis=1)
 
 
+@triton.jit
+def _window_coupling(wp_ptr, wss_ptr, rb_row, n, h, H, scale, live, offs_t, TP: tl.constexpr, NC: tl.constexpr):
+    """The window's ``T x T`` coupling of request n, head h from the prep's ``NC`` chunk partials
+    (added in chunk order): ``P = M (I + diag(beta) A)^-1 diag(beta)`` with normalised q/k, and the
+    norms' reciprocals ``rq`` (times ``scale``) / ``rk`` (``[TP]``). ``rb_row``: the beta ring row."""
+    tt = offs_t[:, None] * TP + offs_t[None, :]
+    A_raw = tl.zeros([TP, TP], dtype=tl.float32)  # unnormalised k.k and q.k pair sums
+    M_raw = tl.zeros([TP, TP], dtype=tl.float32)
+    ssq_q = tl.zeros([TP], dtype=tl.float64)  # fp64 sums of squares, as common._l2norm
+    ssq_k = tl.zeros([TP], dtype=tl.float64)
+    for ci in tl.static_range(NC):
+        nhc = ((n * H + h) * NC + ci).to(tl.int64)
+        A_raw += tl.load(wp_ptr + nhc * (2 * TP * TP) + tt)
+        M_raw += tl.load(wp_ptr + nhc * (2 * TP * TP) + TP * TP + tt)
+        ssq_q += tl.load(wss_ptr + nhc * (2 * TP) + offs_t)
+        ssq_k += tl.load(wss_ptr + nhc * (2 * TP) + TP + offs_t)
+    beta = tl.load(rb_row, mask=live, other=0.0)
+    rq = tl.rsqrt((ssq_q + 1e-6).to(tl.float32)) * scale
+    rk = tl.rsqrt((ssq_k + 1e-6).to(tl.float32))
+    lower = offs_t[:, None] > offs_t[None, :]
+    diag = offs_t[:, None] == offs_t[None, :]
+    Nm = tl.where(lower, A_raw * rk[:, None] * rk[None, :] * beta[:, None], 0.0)
+    Mm = tl.where(lower | diag, M_raw * rq[:, None] * rk[None, :], 0.0)
+    P = _mm_small(Mm, _unit_lower_inverse_rows(Nm, TP), TP) * beta[None, :]  # [t, s]
+    return P, rq, rk
+
+
 # ----------------------------------------------------------------------------------------------
 # Ring-mode verify: prep kernel (per request, head, channel chunk) + streaming kernel (per V-tile)
 # ----------------------------------------------------------------------------------------------
@@ -230,34 +257,71 @@ def _verify_prep_kernel(
             tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t, beta, mask=live)
 
 
+@triton.jit(do_not_specialize=["H", "s_rb_slot", "s_rb_h", "s_rb_t"])
+def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_ptr, H, scale,
+                          s_rb_slot, s_rb_h, s_rb_t,
+                          STEPS: tl.constexpr, TP: tl.constexpr, NC: tl.constexpr, USE_PDL: tl.constexpr = False):
+    """Program (n, h), between prep and streaming kernel for windows of 5+ tokens: the window
+    coupling ``P`` (to ``pp[n, h]``, ``[TP, TP]``) and the q-side operand
+    ``W = diag(rq) Qg - P diag(rk) Kg`` (over ``ws[n, h, 0]``), so that ``O^T = S0 W^T + V^T P^T``:
+    the streaming kernels then do one state product and no ``T x T`` algebra. Once per head, not
+    once per V-tile, and off the streaming kernel's critical path (H200, H=32, N=256: 880 -> 760 us
+    at 16-token windows; docs/benchmarks.md)."""
+    if USE_PDL:  # waits for the prep kernel
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    KD: tl.constexpr = 128
+    offs_t = tl.arange(0, TP)
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    if slot >= 0:
+        bos = tl.load(cu_ptr + n)
+        live = offs_t < tl.minimum(tl.load(cu_ptr + n + 1) - bos, STEPS)
+        rb_row = rb_ptr + slot * s_rb_slot + h.to(tl.int64) * s_rb_h + offs_t * s_rb_t
+        P, rq, rk = _window_coupling(wp_ptr, wss_ptr, rb_row, n, h, H, scale, live, offs_t, TP, NC)
+        nh = (n * H + h).to(tl.int64)
+        tl.store(pp_ptr + nh * (TP * TP) + offs_t[:, None] * TP + offs_t[None, :], P)
+        ws_q = ws_ptr + nh * (2 * TP * KD) + offs_t[:, None] * KD + tl.arange(0, KD)[None, :]
+        W = tl.load(ws_q) * rq[:, None] - _mm_small(P * rk[None, :], tl.load(ws_q + TP * KD), TP)
+        tl.store(ws_q, W)
+
+
 @triton.jit(do_not_specialize=["N", "T", "H", "s_rv_slot", "s_rv_h", "s_rv_t", "s_rb_slot", "s_rb_h", "s_rb_t"])
 def _verify_stream_kernel(
     v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr,
-    ws_ptr, wp_ptr, wss_ptr,
+    ws_ptr, wp_ptr, wss_ptr, pp_ptr,
     N, T, H, scale,
     s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row,
     s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_rb_slot, s_rb_h, s_rb_t,
     STEPS: tl.constexpr, TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
-    FUSE_QK: tl.constexpr, ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
+    FINISHED: tl.constexpr, ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
-    """Program (iv, n, h): stream the state tile ``[BV, 128]`` through ``tl.dot`` with the prep
-    kernel's ``q o e^G`` / ``k o e^G`` (one product with both stacked when ``FUSE_QK``, else two);
-    add up the prep's ``NC`` chunk partials into the norms and ``P = M (I + diag(beta) A)^-1
-    diag(beta)`` (normalised q/k); ``O^T = S0 Qg^T rq + (V^T - S0 Kg^T rk) P^T``; also the V-tile's
-    conv windows and rawv ring.
+    """Program (iv, n, h): stream the state tile ``[BV, 128]`` through ``tl.dot``, do the V-tile's
+    v conv (conv windows, rawv ring) and combine.
+
+    ``FINISHED`` (windows of 5+ tokens, after the finish kernel): one product ``S0 W^T`` and
+    ``O^T = S0 W^T + V^T P^T`` with ``W`` and ``P`` from the workspace; the product is padded to 16
+    window rows (``TW``) when ``TP = 8``: a 16-column product measured faster on the H200 than an
+    8-column one (H=32, N=256, T=8: 423 against 525 us). Otherwise (up to 4 tokens) one product with
+    ``[q o e^G ; k o e^G]`` stacked (``[2TP, BK]``), ``P`` and the norms from the prep's partials
+    here, and ``O^T = S0 Qg^T rq + (V^T - S0 Kg^T rk) P^T`` (the extra finish launch cost more than
+    it saved at 4-token windows: 78.8 against 76.8 us at H=32, N=64).
 
     The epilogue's loads come after the state loop: issuing them first (and the v conv in the prep)
     measured slower on the H200 (more registers live across the loop: 168 instead of 115 per thread
     at 4-token windows; 74.9 / 170.1 / 242.3 us against 76.6 / 142.5 / 219.6 at H=32, N=64)."""
-    if USE_PDL:  # waits for the prep kernel (the previous launch on the stream) to finish
+    if USE_PDL:  # waits for the previous kernel on the stream (prep or finish) to finish
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     iv = tl.program_id(0)
     n = tl.program_id(1)
     h = tl.program_id(2)
     KD: tl.constexpr = 128
+    TW: tl.constexpr = max(TP, 16) if FINISHED else TP  # window rows of this kernel's tiles
+    ROWS: tl.constexpr = TW if FINISHED else 2 * TP  # rows of the state product's operand
     offs_v = iv * BV + tl.arange(0, BV)
-    offs_t = tl.arange(0, TP)
+    offs_t = tl.arange(0, TW)
     out_ty = out_ptr.dtype.element_ty
     h64 = h.to(tl.int64)
 
@@ -265,7 +329,7 @@ def _verify_stream_kernel(
     cu_end = tl.load(cu_ptr + N)
     p_d = n * STEPS + offs_t
     tl.store(out_ptr + p_d.to(tl.int64)[None, :] * s_o_t + h64 * s_o_h + offs_v[:, None],
-             tl.zeros([BV, TP], dtype=tl.float32).to(out_ty),
+             tl.zeros([BV, TW], dtype=tl.float32).to(out_ty),
              mask=((offs_t < STEPS) & (p_d >= cu_end) & (p_d < T))[None, :])
 
     slot = tl.load(slot_ptr + n).to(tl.int64)
@@ -275,49 +339,24 @@ def _verify_stream_kernel(
     o_ptrs = out_ptr + (bos + offs_t).to(tl.int64)[None, :] * s_o_t + h64 * s_o_h + offs_v[:, None]
     if slot < 0:
         # CUDA-graph padding: read nothing from the slot, write nothing but zeros to out.
-        tl.store(o_ptrs, tl.zeros([BV, TP], dtype=tl.float32).to(out_ty), mask=live[None, :])
+        tl.store(o_ptrs, tl.zeros([BV, TW], dtype=tl.float32).to(out_ty), mask=live[None, :])
     else:
         s_tile = ssm_ptr + slot * s_ssm_slot + h64 * (KD * KD) + offs_v[:, None] * KD
-        ws_nh = ws_ptr + (n * H + h).to(tl.int64) * (2 * TP * KD)
-        if FUSE_QK:  # one product of the state chunk with [q o e^G ; k o e^G] ([2TP, BK])
-            ws_rows = ws_nh + tl.arange(0, 2 * TP)[:, None] * KD
-            acc = tl.zeros([BV, 2 * TP], dtype=tl.float32)
-            for c in range(0, KD, BK):
-                offs_c = c + tl.arange(0, BK)
-                S0 = tl.load(s_tile + offs_c[None, :])
-                acc = tl.dot(S0, tl.trans(tl.load(ws_rows + offs_c[None, :])), acc, input_precision=DOT_PREC)
-            acc_q, acc_k = tl.split(tl.permute(tl.reshape(acc, [BV, 2, TP]), [0, 2, 1]))
-        else:
-            ws_rows = ws_nh + offs_t[:, None] * KD
-            acc_q = tl.zeros([BV, TP], dtype=tl.float32)
-            acc_k = tl.zeros([BV, TP], dtype=tl.float32)
-            for c in range(0, KD, BK):
-                offs_c = c + tl.arange(0, BK)
-                S0 = tl.load(s_tile + offs_c[None, :])
-                acc_q = tl.dot(S0, tl.trans(tl.load(ws_rows + offs_c[None, :])), acc_q, input_precision=DOT_PREC)
-                acc_k = tl.dot(S0, tl.trans(tl.load(ws_rows + TP * KD + offs_c[None, :])), acc_k,
-                               input_precision=DOT_PREC)
+        offs_r = tl.arange(0, ROWS)
+        ws_rows = ws_ptr + (n * H + h).to(tl.int64) * (2 * TP * KD) + offs_r[:, None] * KD
+        acc = tl.zeros([BV, ROWS], dtype=tl.float32)
+        for c in range(0, KD, BK):
+            offs_c = c + tl.arange(0, BK)
+            S0 = tl.load(s_tile + offs_c[None, :])
+            if FINISHED:  # rows of W past TP are the padding
+                wt = tl.load(ws_rows + offs_c[None, :], mask=(offs_r < TP)[:, None], other=0.0)
+            else:
+                wt = tl.load(ws_rows + offs_c[None, :])
+            acc = tl.dot(S0, tl.trans(wt), acc, input_precision=DOT_PREC)
+        if not FINISHED:
+            rb_row = rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t
+            P, rq, rk = _window_coupling(wp_ptr, wss_ptr, rb_row, n, h, H, scale, live, offs_t, TP, NC)
 
-        # the window's T x T algebra from the prep's chunk partials (added in chunk order)
-        tt = offs_t[:, None] * TP + offs_t[None, :]
-        A_raw = tl.zeros([TP, TP], dtype=tl.float32)  # unnormalised k.k and q.k pair sums
-        M_raw = tl.zeros([TP, TP], dtype=tl.float32)
-        ssq_q = tl.zeros([TP], dtype=tl.float64)  # fp64 sums of squares, as common._l2norm
-        ssq_k = tl.zeros([TP], dtype=tl.float64)
-        for ci in tl.static_range(NC):
-            nhc = ((n * H + h) * NC + ci).to(tl.int64)
-            A_raw += tl.load(wp_ptr + nhc * (2 * TP * TP) + tt)
-            M_raw += tl.load(wp_ptr + nhc * (2 * TP * TP) + TP * TP + tt)
-            ssq_q += tl.load(wss_ptr + nhc * (2 * TP) + offs_t)
-            ssq_k += tl.load(wss_ptr + nhc * (2 * TP) + TP + offs_t)
-        beta = tl.load(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t, mask=live, other=0.0)
-        rq = tl.rsqrt((ssq_q + 1e-6).to(tl.float32)) * scale
-        rk = tl.rsqrt((ssq_k + 1e-6).to(tl.float32))
-        lower = offs_t[:, None] > offs_t[None, :]
-        diag = offs_t[:, None] == offs_t[None, :]
-        Nm = tl.where(lower, A_raw * rk[:, None] * rk[None, :] * beta[:, None], 0.0)
-        Mm = tl.where(lower | diag, M_raw * rq[:, None] * rk[None, :], 0.0)
-        P = _mm_small(Mm, _unit_lower_inverse_rows(Nm, TP), TP) * beta[None, :]  # [t, s]
         # v channels of this V-tile: conv, windows, rawv ring
         row = tl.load(irow_ptr + n).to(tl.int64)
         icw_base = icw_ptr + row * s_icw_row + offs_t.to(tl.int64)[:, None] * s_icw_step
@@ -326,8 +365,15 @@ def _verify_stream_kernel(
                          icw_base, s_icw_win, live[:, None], ACT_BF16)
         tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
                  + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=live[:, None])
-        Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
-        o = acc_q * rq[None, :] + _mm_small(Z, tl.trans(P), TP)
+        if FINISHED:
+            in_tp = offs_t < TP
+            P = tl.load(pp_ptr + (n * H + h).to(tl.int64) * (TP * TP) + offs_t[:, None] * TP + offs_t[None, :],
+                        mask=in_tp[:, None] & in_tp[None, :], other=0.0)
+            o = acc + _mm_small(tl.trans(yv), tl.trans(P), TW)
+        else:
+            acc_q, acc_k = tl.split(tl.permute(tl.reshape(acc, [BV, 2, TP]), [0, 2, 1]))
+            Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
+            o = acc_q * rq[None, :] + _mm_small(Z, tl.trans(P), TP)
         tl.store(o_ptrs, _round_act(o, ACT_BF16).to(out_ty), mask=live[None, :])
 
 
@@ -335,12 +381,14 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
                                conv_state, slot_indices, cu_seqlens, intermediate_conv, intermediate_rows,
                                ring_rawv, ring_rawk, ring_g, ring_beta, N, T, H, steps, act_bf16,
                                block_v=128, block_k=32, num_warps=4, num_stages=None, dot_precision="tf32x3",
-                               fuse_qk=True, prep_block_k=32, prep_num_warps=1, pdl=False):
-    """Launch the prep and streaming kernels on arguments ``mtp_verify`` has validated.
+                               finish=False, finish_num_warps=4, prep_block_k=32, prep_num_warps=1, pdl=False):
+    """Launch the prep, (with ``finish``) finish and streaming kernels on arguments ``mtp_verify``
+    has validated.
 
     Workspace (allocated here, from the caching allocator: CUDA-graph capturable): ``[N, H, 2, TP, 128]``
     fp32 decayed q/k, the prep's per-chunk pair sums ``[N, H, NC, 2, TP, TP]`` fp32 and sums of squares
-    ``[N, H, NC, 2, TP]`` fp64, ``TP = next_pow2(1 + num_spec)``, ``NC = 128 / prep_block_k``."""
+    ``[N, H, NC, 2, TP]`` fp64, with ``finish`` also ``P`` (``[N, H, TP, TP]`` fp32);
+    ``TP = next_pow2(1 + num_spec)``, ``NC = 128 / prep_block_k``."""
     rv, rk, rg, rb = ring_rawv, ring_rawk, ring_g, ring_beta
     TP = max(2, triton.next_power_of_2(steps))
     dev = q.device
@@ -348,6 +396,7 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
     ws = torch.empty((N, H, 2, TP, 128), dtype=torch.float32, device=dev)
     wp = torch.empty((N, H, NC, 2, TP, TP), dtype=torch.float32, device=dev)
     wss = torch.empty((N, H, NC, 2, TP), dtype=torch.float64, device=dev)
+    pp = torch.empty((N, H, TP, TP) if finish else (1,), dtype=torch.float32, device=dev)
     pdl_kw = dict(USE_PDL=True, launch_pdl=True) if pdl else {}
     icw = intermediate_conv
     _verify_prep_kernel[(N, H, NC)](
@@ -363,18 +412,22 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
         STEPS=steps, TP=TP, BK=prep_block_k, ACT_BF16=act_bf16, USE_LB=lower_bound is not None,
         num_warps=prep_num_warps, **pdl_kw,
     )
+    if finish:
+        _verify_finish_kernel[(N, H)](
+            slot_indices, cu_seqlens, rb, ws, wp, wss, pp, H, scale, rb.stride(0), rb.stride(1), rb.stride(2),
+            STEPS=steps, TP=TP, NC=NC, num_warps=finish_num_warps, **pdl_kw)
     kw = dict(num_warps=num_warps, **pdl_kw)
     if num_stages is not None:
         kw["num_stages"] = num_stages
     _verify_stream_kernel[(128 // block_v, N, H)](
         v, out, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens, icw, intermediate_rows, rv, rb,
-        ws, wp, wss,
+        ws, wp, wss, pp,
         N, T, H, scale,
         v.stride(1), v.stride(2), out.stride(1), out.stride(2), conv_weight.stride(0),
         ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
         icw.stride(0), icw.stride(1), icw.stride(2),
         rv.stride(0), rv.stride(1), rv.stride(2), rb.stride(0), rb.stride(1), rb.stride(2),
-        STEPS=steps, TP=TP, BV=block_v, BK=block_k, NC=NC, FUSE_QK=fuse_qk, ACT_BF16=act_bf16,
+        STEPS=steps, TP=TP, BV=block_v, BK=block_k, NC=NC, FINISHED=finish, ACT_BF16=act_bf16,
         DOT_PREC=dot_precision, **kw,
     )
     return out

@@ -32,7 +32,7 @@ def test_verify_configs_are_valid(table):
                     if cfg["impl"] == "chunked":
                         assert cfg["block_v"] >= 16 and cfg["block_k"] in (16, 32, 64, 128)
                         assert cfg["prep_block_k"] in (16, 32, 64, 128) and cfg["prep_num_warps"] in (1, 2, 4, 8)
-                        assert isinstance(cfg["fuse_qk"], bool)
+                        assert cfg["finish"] == (steps > 4) and cfg["finish_num_warps"] in (1, 2, 4, 8)
             rows = LC.verify_rows(H, N, 4)  # snapshot mode
             assert V.check_block_v(rows["block_v"]) == rows["block_v"] and rows["num_warps"] in (1, 2, 4, 8)
 

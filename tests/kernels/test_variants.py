@@ -28,17 +28,21 @@ def _ref(p):
     return out_r, icw_r, issm_r, rings_r
 
 
-@pytest.mark.parametrize("num_spec,block_v,block_k,prep_block_k,dtype,lb", [
-    (1, 32, 16, 32, torch.float32, -5.0),
-    (3, 64, 32, 16, torch.float32, None),
-    (7, 16, 64, 128, torch.bfloat16, -5.0),
-    (15, 128, 128, 64, torch.float32, None),
+@pytest.mark.parametrize("num_spec,block_v,block_k,prep_block_k,dtype,lb,finish", [
+    (1, 32, 16, 32, torch.float32, -5.0, None),
+    (1, 64, 32, 64, torch.float32, None, True),
+    (3, 64, 32, 16, torch.float32, None, None),
+    (7, 16, 64, 128, torch.bfloat16, -5.0, None),
+    (7, 32, 32, 32, torch.float32, None, False),
+    (15, 128, 128, 64, torch.float32, None, None),
 ], ids=lambda x: str(x).replace("torch.", ""))
-def test_chunked_ring_tiles(num_spec, block_v, block_k, prep_block_k, dtype, lb):
-    """Chunked ring verify (prep + streaming kernels) at several tiles, prep channel chunks (1 to 8
-    prep programs per head, their partial sums added by the streaming kernel) and windows: outputs
-    vs the float64 reference, conv windows and rings byte-identical to the recurrent kernel's,
-    nothing written past a request or for padding."""
+def test_chunked_ring_tiles(num_spec, block_v, block_k, prep_block_k, dtype, lb, finish):
+    """Chunked ring verify (prep, finish and streaming kernels) at several tiles, prep channel
+    chunks (1 to 8 prep programs per head, their partial sums added up by the finish or streaming
+    kernel), windows, with and without the finish kernel (default: from 5 tokens on; forced on at 2
+    tokens, where the streaming kernel pads the window to 16 rows, and off at 8): outputs vs the
+    float64 reference, conv windows and rings byte-identical to the recurrent kernel's, nothing
+    written past a request or for padding."""
     p = _problem(num_spec, dtype, lb, seed=300 + num_spec)
     out_r, icw_r, _, rings_r = _ref(p)
     steps = p.steps
@@ -46,7 +50,8 @@ def test_chunked_ring_tiles(num_spec, block_v, block_k, prep_block_k, dtype, lb)
     icw = p.new_icw()
     out = torch.full_like(p.q, float("nan"), memory_format=torch.contiguous_format)
     mtp_verify(*p.acts(), intermediate_conv=icw, out=out, **rings, **p.verify_kwargs(), block_v=block_v,
-               block_k=block_k, prep_block_k=prep_block_k, impl="chunked", dot_precision="ieee" if CUDA else None)
+               block_k=block_k, prep_block_k=prep_block_k, impl="chunked", dot_precision="ieee" if CUDA else None,
+               finish=finish)
     rings_rows, icw_rows = p.new_rings(L=2 * steps), p.new_icw()
     mtp_verify(*p.acts(), intermediate_conv=icw_rows, **rings_rows, **p.verify_kwargs(), impl="rows")
     assert not out.isnan().any()
