@@ -41,9 +41,11 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     mtp_verify_chunked.py) or "rows" (the recurrent kernel), with its tiles. ``impl`` given:
     that kernel's tiles (a forced "chunked" below the table's threshold takes the large-batch tiles).
 
-    H200 sweeps (docs/benchmarks.md): the chunked pair wins from N*H = 384 at every window (H=12,
-    N=32, T=4: 28.4 against 33.0 us) and for 16-token windows from N*H >= 128; below that the
-    single recurrent launch has less latency (H=12, N=16, T=4: 18.2 against 24.6 us).
+    H200 sweeps (docs/benchmarks.md): the chunked kernels win from N*H = 384 at windows up to 4
+    tokens (H=12, N=32, T=4: 22.8 against 33.1 us; N=16: 18.8 against 18.2), with the finish
+    kernel from N*H = 128 at 5..8 tokens (H=12, N=16, T=8: 24.9 against 30.1; N=8: 20.8 against
+    18.0) and from N*H = 96 above (H=12, N=8, T=16: 25.9 against 31.8); below that the single
+    recurrent launch has less latency.
     Prep (one program per request, head and channel chunk), fourth-session probes at H=32 and H=12,
     N=64/256: 64-channel chunks up to 8-token windows, 32 above, one warp each (H=32, N=64, T=16:
     219.6 us against 266.6 with 16-channel chunks and 328.9 with 64). Windows of 5+ tokens
@@ -51,17 +53,21 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     algebra out of the streaming kernel, whose programs then take 64 V rows with 2 warps (H=32,
     N=256: 540 -> 423 us at 8-token windows, 884 -> 742 at 16); up to 4 tokens the extra launch
     costs more than it saves (H=32, N=64, T=4: 78.8 against 76.8 us), and the streaming kernel
-    multiplies the state with q and k stacked in one ``tl.dot``."""
+    multiplies the state with q and k stacked in one ``tl.dot``. The finish kernel takes one warp
+    per head at 8-token windows and from N*H = 1024 (H=32, N=64, T=8 / 16: 111.4 / 193.4 us against
+    122.0 / 209.1 with 4 warps), 4 warps at 16-token windows of smaller batches (H=12, N=32: 45.8
+    against 48.7 with one)."""
     if impl == "rows":
         return dict(impl="rows", **verify_rows(H, N, steps))
     finish = steps > 4
-    prep = dict(prep_block_k=64 if steps <= 8 else 32, prep_num_warps=1, finish=finish, finish_num_warps=4)
+    nh = _programs(N, H)
+    prep = dict(prep_block_k=64 if steps <= 8 else 32, prep_num_warps=1, finish=finish,
+                finish_num_warps=1 if (steps <= 8 or nh >= 1024) else 4)
     if interpreting():
         return dict(impl="chunked", block_v=128, block_k=64, num_warps=4, num_stages=None,
                     **dict(prep, prep_block_k=64, prep_num_warps=4))
-    nh = _programs(N, H)
-    small = nh < 128 or (nh < 384 and steps < 16)
-    if impl is None and small:
+    min_chunked = 384 if steps <= 4 else (128 if steps <= 8 else 96)
+    if impl is None and nh < min_chunked:
         return dict(impl="rows", **verify_rows(H, N, steps))
     if finish:
         return dict(impl="chunked", block_v=64, block_k=32, num_warps=2, num_stages=3, **prep)
