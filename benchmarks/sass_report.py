@@ -7,7 +7,7 @@ answered here before spending device time (docs/benchmarks.md, fourth session)::
 
     python3 benchmarks/sass_report.py verify-prep --T 16 --block-k 32 --warps 1
     python3 benchmarks/sass_report.py verify-stream --T 8 --no-fuse-qk --lines 15
-    python3 benchmarks/sass_report.py fold --block-v 8 --warps 1 --lines 15
+    python3 benchmarks/sass_report.py fold --block-v 16 --warps 1 --lines 15
 
 Counts are static (instructions in the binary, loop bodies once): compare variants of one kernel,
 not kernels with each other.
@@ -87,7 +87,7 @@ def main(argv=None) -> dict:
     ap.add_argument("kernel", choices=("verify-prep", "verify-finish", "verify-stream", "fold"))
     ap.add_argument("--T", type=int, default=4, help="window length 1 + num_spec")
     ap.add_argument("--block-k", type=int, default=None, help="prep: channels per program; stream: K-chunk")
-    ap.add_argument("--block-v", type=int, default=None, help="stream (128) / fold (8): V rows per program")
+    ap.add_argument("--block-v", type=int, default=None, help="stream (128) / fold (16): V rows per program")
     ap.add_argument("--prep-block-k", type=int, default=64, help="stream: the prep's chunk (number of partials)")
     ap.add_argument("--finish", action="store_true", help="stream: the variant after the finish kernel")
     ap.add_argument("--warps", type=int, default=None)
@@ -99,7 +99,7 @@ def main(argv=None) -> dict:
     common = dict(STEPS=a.T, TP=TP, ACT_BF16=True, USE_PDL=False)
     if a.kernel == "fold":  # the window length is a runtime value there
         fn, warps, common = replayssm_fold._replayssm_fold_kernel, a.warps or 1, dict(USE_PDL=False)
-        const = dict(common, BV=a.block_v or 8, CONV=not a.no_conv, TRACK=False)
+        const = dict(common, BV=a.block_v or 16, CONV=not a.no_conv, TRACK=False)
     elif a.kernel == "verify-prep":
         fn, warps = mtp_verify_chunked._verify_prep_kernel, a.warps or 1
         const = dict(common, BK=a.block_k or 64, USE_LB=True)

@@ -47,8 +47,11 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     18.0) and from N*H = 96 above (H=12, N=8, T=16: 25.9 against 31.8); below that the single
     recurrent launch has less latency.
     Prep (one program per request, head and channel chunk), fourth-session probes at H=32 and H=12,
-    N=64/256: 64-channel chunks up to 8-token windows, 32 above, one warp each (H=32, N=64, T=16:
-    219.6 us against 266.6 with 16-channel chunks and 328.9 with 64). Windows of 5+ tokens
+    N=64/256: 64-channel chunks up to 8-token windows, 32 above (H=32, N=64, T=16: 219.6 us against
+    266.6 with 16-channel chunks and 328.9 with 64), one warp each, two above 8 tokens from
+    N*H = 1024 (fifth session, T=16: H=32, N=256: 668.0 against 701.1 us; H=12, N=128: 144.1
+    against 146.6; but H=12, N=64: 85.1 against 81.8; at T=8 and T=4 two warps measured no better
+    or slower: 391.7 against 393.0 at N=256, 82.6 against 77.7 at N=64). Windows of 5+ tokens
     (``finish``, fifth session): a finish kernel per (request, head) takes the window's ``T x T``
     algebra out of the streaming kernel, whose programs then take 64 V rows with 2 warps (H=32,
     N=256: 540 -> 423 us at 8-token windows, 884 -> 742 at 16); up to 4 tokens the extra launch
@@ -61,7 +64,8 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
         return dict(impl="rows", **verify_rows(H, N, steps))
     finish = steps > 4
     nh = _programs(N, H)
-    prep = dict(prep_block_k=64 if steps <= 8 else 32, prep_num_warps=1, finish=finish,
+    prep = dict(prep_block_k=64 if steps <= 8 else 32, prep_num_warps=2 if (steps > 8 and nh >= 1024) else 1,
+                finish=finish,
                 finish_num_warps=1 if (steps <= 8 or nh >= 1024) else 4)
     if interpreting():
         return dict(impl="chunked", block_v=128, block_k=64, num_warps=4, num_stages=None,
@@ -91,15 +95,16 @@ def verify_rows(H: int, N: int, steps: int) -> dict:
 def fold(H: int, N: int, layers: int) -> dict:
     """ReplaySSM fold: one program per (request, layer, head, V-tile) of ``block_v`` rows.
 
-    H200 probe, 2026-11-30 (third session, kernel with the one-token ring prefetch): one warp per
-    tile of 8 rows from N*layers*H > 384 (H=32, N=64: 74.7 / 88.2 / 136.0 us at 4 / 8 / 16-token
-    windows against 88.7 / 112.5 / 190.7 with the previous (16, 4); N=256: 282 / 342 / 531 against
-    346 / 468 / 784), 4 rows per warp at smaller batches (H=32, N=8: 13.1 / 16.8 / 25.8 us)."""
+    H200 probe, 2026-11-30 (fifth session, with the conv roll as in serving): one warp per tile of
+    16 rows from N*layers*H > 384 (H=32, N=256: 353.9 / 409.8 / 560.8 us at 4 / 8 / 16-token
+    windows against 384.9 / 477.7 / 705.5 with 8 rows, the third session's choice; N=32, T=4: 51.0
+    against 55.7; 32 or 64 rows, or two warps, slower), 4 rows per warp at smaller batches
+    (third session, H=32, N=8: 13.1 / 16.8 / 25.8 us)."""
     if interpreting():
         return dict(block_v=32, num_warps=4)
     if _programs(N, H) * max(1, layers) <= 384:
         return dict(block_v=4, num_warps=1)
-    return dict(block_v=8, num_warps=1)
+    return dict(block_v=16, num_warps=1)
 
 
 def decode(H: int, N: int) -> dict:

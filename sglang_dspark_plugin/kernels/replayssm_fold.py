@@ -52,6 +52,20 @@ def _replayssm_fold_kernel(
     acc = tl.load(acc_ptr + n)
     if (slot >= 0) & (acc > 0):
         n_acc = tl.minimum(acc, L)
+        if CONV:
+            # conv_state[layer, slot] <- intermediate_conv[layer, row, accept - 1]; this program
+            # copies its V-tile's channel slice of the q, k and v groups of head h. Done first: the
+            # copy does not depend on the state, and after the token loop its load latency was
+            # the programs' tail (H200, H=32, N=256, T=16: fold with the conv roll 706 us against
+            # 531 without; docs/benchmarks.md).
+            row = tl.load(irow_ptr + n).to(tl.int64)
+            step = tl.minimum(n_acc, ICW_STEPS) - 1
+            src = icw_ptr + layer * s_icw_layer + row * s_icw_row + step.to(tl.int64) * s_icw_step
+            dst = conv_ptr + layer * s_conv_layer + slot * s_conv_slot
+            for grp in tl.static_range(3):
+                ch = grp * H * KD + h * KD + offs_v
+                for r in tl.static_range(3):
+                    tl.store(dst + r * s_conv_row + ch, tl.load(src + r * s_icw_win + ch))
         tile = h64 * (KD * KD) + offs_v[:, None] * KD + offs_k[None, :]
         s_layer = ssm_ptr + layer * s_ssm_layer
         S = tl.load(s_layer + slot * s_ssm_slot + tile)
@@ -80,17 +94,6 @@ def _replayssm_fold_kernel(
                 tl.store(s_layer + tslot * s_ssm_slot + tile, S, mask=(t == tstep) & (tslot >= 0))
         tl.store(s_layer + slot * s_ssm_slot + tile, S)
 
-        if CONV:
-            # conv_state[layer, slot] <- intermediate_conv[layer, row, accept - 1]; this program
-            # copies its V-tile's channel slice of the q, k and v groups of head h.
-            row = tl.load(irow_ptr + n).to(tl.int64)
-            step = tl.minimum(n_acc, ICW_STEPS) - 1
-            src = icw_ptr + layer * s_icw_layer + row * s_icw_row + step.to(tl.int64) * s_icw_step
-            dst = conv_ptr + layer * s_conv_layer + slot * s_conv_slot
-            for grp in tl.static_range(3):
-                ch = grp * H * KD + h * KD + offs_v
-                for r in tl.static_range(3):
-                    tl.store(dst + r * s_conv_row + ch, tl.load(src + r * s_icw_win + ch))
 
 
 def _layered(t: Optional[torch.Tensor], single_dim: int) -> Optional[torch.Tensor]:

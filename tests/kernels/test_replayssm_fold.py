@@ -83,10 +83,10 @@ def test_fold_equals_snapshot_every_accept_length(num_spec, dtype, lb):
         assert bit_exact
 
 
-@pytest.mark.parametrize("tile", [None, (4, 1), (8, 1), (16, 4)], ids=str)
+@pytest.mark.parametrize("tile", [None, (4, 1), (8, 1), (16, 1), (16, 4)], ids=str)
 def test_fold_single_layer_and_reference(tile):
     """Random rings (not from a verify), single-layer tensors, float64 fold reference; the launch
-    table's tiles (H200: 4 or 8 rows per warp) and the previous default."""
+    table's tiles (H200: 4 or 16 rows per warp) and previous defaults."""
     g = torch.Generator().manual_seed(5)
     dev = "cuda" if CUDA else "cpu"
     slots, H, L = 4, 2, 8

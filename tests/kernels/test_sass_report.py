@@ -1,6 +1,6 @@
 """benchmarks/sass_report.py: the chunked-verify kernels and the fold compile for sm_90 on a machine
 without a GPU (Triton's bundled ptxas), and the launch table's configurations (verify at 4-token
-windows, the finish and finished streaming kernels of longer windows, the fold's 8-row tiles) do so
+windows, the finish and finished streaming kernels of longer windows, the fold's 16-row tiles) do so
 without register spills (docs/benchmarks.md)."""
 
 import os
@@ -28,7 +28,7 @@ def _report(*args):
     ("verify-stream", "--T", "4", "--block-v", "128", "--block-k", "32", "--warps", "4", "--stages", "3"),
     ("verify-stream", "--T", "8", "--finish", "--block-v", "64", "--warps", "2", "--stages", "3"),
     ("verify-finish", "--T", "16", "--prep-block-k", "32", "--warps", "4"),
-    ("fold", "--block-v", "8", "--warps", "1"),
+    ("fold", "--block-v", "16", "--warps", "1"),
 ], ids=["prep", "stream", "stream-finished", "finish", "fold"])
 def test_table_configs_compile_without_spills(args):
     regs, stack, sass = _report(*args)
