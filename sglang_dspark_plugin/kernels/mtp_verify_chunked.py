@@ -20,9 +20,12 @@ channel-local work that does not touch the state -- q/k conv, gates, rings, conv
 leaves ``q o e^G``, ``k o e^G`` and the chunk's partial ``A``/``M`` and sums of squares in a small
 workspace; the *streaming* kernel (one program per request, head and V-tile) reads the state once,
 in K-chunks, into ``tl.dot`` (``tf32x3`` by default: three tf32 products, about fp32 accuracy),
-adds the partials up into the norms and ``P = M (I + diag(beta) A)^-1 diag(beta)``, does the v
-conv of its V-tile and combines ``O^T = S0 Qg^T rq + (V^T - S0 Kg^T rk) P^T``. One kernel doing
-both ran at low occupancy (255 registers) and was 2x slower on the H200 (docs/benchmarks.md).
+does the v conv of its V-tile and combines. The window coupling ``P = M (I + diag(beta) A)^-1
+diag(beta)`` (from the partials, with the norms) is computed by the streaming kernel after its
+state loop for windows up to 4 tokens (``O^T = S0 Qg^T rq + (V^T - S0 Kg^T rk) P^T``), and from 5
+tokens by a *finish* kernel per (request, head) between the two, which also folds it into one
+q-side operand ``W = diag(rq) Qg - P diag(rk) Kg`` (``O^T = S0 W^T + V^T P^T``). One kernel doing
+everything ran at low occupancy (255 registers) and was 2x slower on the H200 (docs/benchmarks.md).
 
 Precision: ``G_t - G_s`` is formed from the prefix sums kept as exact fp32 pairs (hi + lo of an
 fp64 cumsum), so a pairwise decay ``e^{G_t - G_s}`` is as accurate as one ``exp`` of the segment
