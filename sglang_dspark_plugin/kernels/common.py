@@ -10,6 +10,16 @@ import triton.language as tl
 
 
 @triton.jit
+def _pdl_enter(USE_PDL: tl.constexpr):
+    """Programmatic dependent launch (sm90+, see ``launch_config.pdl_kwargs``): wait until the
+    previous kernel on the stream has finished and its memory is visible, then let the next
+    kernel's grid launch. Every kernel calls it first, before touching memory."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
 def _round_act(x, ACT_BF16: tl.constexpr):
     """Round fp32 to the nearest bf16 value (ties to even), returned as fp32, when ACT_BF16.
 

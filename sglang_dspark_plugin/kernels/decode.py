@@ -17,7 +17,7 @@ import triton.language as tl
 from . import launch_config as LC
 from . import validation as V
 from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _load_conv_window,
-                     _round_act, _sigmoid)
+                     _pdl_enter, _round_act, _sigmoid)
 from .reference import default_scale
 
 
@@ -31,9 +31,7 @@ def _decode_kernel(
     s_w, s_ssm_slot, s_conv_slot, s_conv_row,
     BV: tl.constexpr, ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:  # programmatic dependent launch: reads wait for the producer kernel
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(USE_PDL)
     n = tl.program_id(0)
     h = tl.program_id(1)
     KD: tl.constexpr = 128

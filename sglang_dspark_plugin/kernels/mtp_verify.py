@@ -23,7 +23,7 @@ import triton.language as tl
 from . import launch_config as LC
 from . import validation as V
 from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _load_conv_window,
-                     _round_act, _sigmoid)
+                     _pdl_enter, _round_act, _sigmoid)
 from .mtp_verify_chunked import launch_verify_ring_chunked
 from .reference import default_scale
 
@@ -52,9 +52,7 @@ def _mtp_verify_kernel(
     STEPS: tl.constexpr, BV: tl.constexpr, ACT_BF16: tl.constexpr,
     USE_LB: tl.constexpr, SNAPSHOT: tl.constexpr, RING: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:  # programmatic dependent launch: reads wait for the producer kernel
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(USE_PDL)
     iv = tl.program_id(0)
     n = tl.program_id(1)
     h = tl.program_id(2)

@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _conv_silu, _kda_gate, _round_act, _sigmoid
+from .common import _conv_silu, _kda_gate, _pdl_enter, _round_act, _sigmoid
 
 
 # ----------------------------------------------------------------------------------------------
@@ -207,9 +207,7 @@ def _verify_prep_kernel(
     ``wss[n, h, c] = [|q_t|^2 (TP) | |k_t|^2 (TP)]``, which the streaming kernel adds up in chunk
     order. One program per chunk rather than per head: fewer registers (255 -> 96-128 per thread
     at 4-token windows) and shorter serial chains per program (H200: docs/benchmarks.md)."""
-    if USE_PDL:  # programmatic dependent launch: reads wait for the producer kernel
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(USE_PDL)
     n = tl.program_id(0)
     h = tl.program_id(1)
     ci = tl.program_id(2)
@@ -270,9 +268,7 @@ def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_
     the streaming kernels then do one state product and no ``T x T`` algebra. Once per head, not
     once per V-tile, and off the streaming kernel's critical path (H200, H=32, N=256: 880 -> 760 us
     at 16-token windows; docs/benchmarks.md)."""
-    if USE_PDL:  # waits for the prep kernel
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(USE_PDL)
     n = tl.program_id(0)
     h = tl.program_id(1)
     KD: tl.constexpr = 128
@@ -314,9 +310,7 @@ def _verify_stream_kernel(
     The epilogue's loads come after the state loop: issuing them first (and the v conv in the prep)
     measured slower on the H200 (more registers live across the loop: 168 instead of 115 per thread
     at 4-token windows; 74.9 / 170.1 / 242.3 us against 76.6 / 142.5 / 219.6 at H=32, N=64)."""
-    if USE_PDL:  # waits for the previous kernel on the stream (prep or finish) to finish
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(USE_PDL)
     iv = tl.program_id(0)
     n = tl.program_id(1)
     h = tl.program_id(2)

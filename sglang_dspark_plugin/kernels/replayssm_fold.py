@@ -18,7 +18,7 @@ import triton.language as tl
 
 from . import launch_config as LC
 from . import validation as V
-from .common import _delta_step, _l2norm
+from .common import _delta_step, _l2norm, _pdl_enter
 
 
 @triton.jit(do_not_specialize=["H", "L", "ICW_STEPS", "s_rb_layer", "s_rb_slot", "s_rb_h", "s_rb_t"])
@@ -35,9 +35,7 @@ def _replayssm_fold_kernel(
     s_icw_layer, s_icw_row, s_icw_step, s_icw_win,
     BV: tl.constexpr, CONV: tl.constexpr, TRACK: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
-    if USE_PDL:  # programmatic dependent launch: reads wait for the producer kernel
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    _pdl_enter(USE_PDL)
     iv = tl.program_id(0)
     n = tl.program_id(1)
     lh = tl.program_id(2)
