@@ -6,7 +6,7 @@ occupancy and spills the local-memory traffic, so most tile and code-shape quest
 answered here before spending device time (docs/benchmarks.md, fourth session)::
 
     python3 benchmarks/sass_report.py verify-prep --T 16 --block-k 32 --warps 1
-    python3 benchmarks/sass_report.py verify-stream --T 8 --no-fuse-qk --lines 15
+    python3 benchmarks/sass_report.py verify-stream --T 8 --finish --block-v 64 --warps 2 --lines 15
     python3 benchmarks/sass_report.py fold --block-v 16 --warps 1 --lines 15
 
 Counts are static (instructions in the binary, loop bodies once): compare variants of one kernel,
