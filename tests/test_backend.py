@@ -139,7 +139,7 @@ def _token_rows(verify_lens, window, ragged):
 
 @pytest.mark.parametrize("replayssm", [False, True], ids=["snapshot", "replayssm"])
 @pytest.mark.parametrize("mode", ["static", "cap-accept", "compact"])
-@pytest.mark.parametrize("gamma", [1, 3])
+@pytest.mark.parametrize("gamma", [1, 3, 7])  # 7: the chunked verify's finish-kernel path (windows of 5+)
 def test_verify_commit_equals_accepted_decode(gamma, mode, replayssm):
     window = gamma + 1
     rng = random.Random(1000 * gamma + len(mode) + replayssm)
