@@ -68,7 +68,7 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
                 finish=finish,
                 finish_num_warps=1 if (steps <= 8 or nh >= 1024) else 4)
     if interpreting():
-        return dict(impl="chunked", block_v=128, block_k=64, num_warps=4, num_stages=None,
+        return dict(impl="chunked", block_v=128, block_k=64, num_warps=4,
                     **dict(prep, prep_block_k=64, prep_num_warps=4))
     min_chunked = 384 if steps <= 4 else (128 if steps <= 8 else 96)
     if impl is None and nh < min_chunked:

@@ -365,7 +365,7 @@ def mtp_verify(
             prep_block_k=prep_block_k or cfg["prep_block_k"], prep_num_warps=prep_num_warps or cfg["prep_num_warps"],
             dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"),
             finish=cfg["finish"] if finish is None else bool(finish), finish_num_warps=cfg["finish_num_warps"],
-            pdl=bool(LC.pdl_kwargs(dev)))
+            pdl_kwargs=LC.pdl_kwargs(dev))
     extra = {} if stages is None else dict(num_stages=stages)
 
     issm = intermediate_ssm if snapshot else ssm_state  # placeholder pointer, never touched

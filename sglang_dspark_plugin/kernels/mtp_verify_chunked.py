@@ -204,9 +204,10 @@ def _verify_prep_kernel(
     the streaming kernel, ``ws[n, h, :, :, chunk] = [q o e^G ; k o e^G]`` (``[2, TP, BK]`` fp32,
     unnormalised, zero rows past the request), the chunk's unnormalised pair sums
     ``wp[n, h, c] = [A_c (TP x TP) | M_c (TP x TP)]`` and fp64 sums of squares
-    ``wss[n, h, c] = [|q_t|^2 (TP) | |k_t|^2 (TP)]``, which the streaming kernel adds up in chunk
-    order. One program per chunk rather than per head: fewer registers (255 -> 96-128 per thread
-    at 4-token windows) and shorter serial chains per program (H200: docs/benchmarks.md)."""
+    ``wss[n, h, c] = [|q_t|^2 (TP) | |k_t|^2 (TP)]``, which the finish kernel (5+ tokens) or the
+    streaming kernel adds up in chunk order. One program per chunk rather than per head: fewer
+    registers (255 -> 96-128 per thread at 4-token windows) and shorter serial chains per program
+    (H200: docs/benchmarks.md)."""
     _pdl_enter(USE_PDL)
     n = tl.program_id(0)
     h = tl.program_id(1)
@@ -378,7 +379,7 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
                                conv_state, slot_indices, cu_seqlens, intermediate_conv, intermediate_rows,
                                ring_rawv, ring_rawk, ring_g, ring_beta, N, T, H, steps, act_bf16,
                                block_v=128, block_k=32, num_warps=4, num_stages=None, dot_precision="tf32x3",
-                               finish=False, finish_num_warps=4, prep_block_k=32, prep_num_warps=1, pdl=False):
+                               finish=False, finish_num_warps=4, prep_block_k=32, prep_num_warps=1, pdl_kwargs=None):
     """Launch the prep, (with ``finish``) finish and streaming kernels on arguments ``mtp_verify``
     has validated.
 
@@ -394,7 +395,7 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
     wp = torch.empty((N, H, NC, 2, TP, TP), dtype=torch.float32, device=dev)
     wss = torch.empty((N, H, NC, 2, TP), dtype=torch.float64, device=dev)
     pp = torch.empty((N, H, TP, TP) if finish else (1,), dtype=torch.float32, device=dev)
-    pdl_kw = dict(USE_PDL=True, launch_pdl=True) if pdl else {}
+    pdl_kw = pdl_kwargs or {}  # launch_config.pdl_kwargs(device)
     icw = intermediate_conv
     _verify_prep_kernel[(N, H, NC)](
         q, k, a, b, conv_weight, A_flat, dt_flat,
