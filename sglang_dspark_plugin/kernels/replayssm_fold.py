@@ -50,23 +50,29 @@ def _replayssm_fold_kernel(
     acc = tl.load(acc_ptr + n)
     if (slot >= 0) & (acc > 0):
         n_acc = tl.minimum(acc, L)
+        tile = h64 * (KD * KD) + offs_v[:, None] * KD + offs_k[None, :]
+        s_layer = ssm_ptr + layer * s_ssm_layer
+        S = tl.load(s_layer + slot * s_ssm_slot + tile)
         if CONV:
             # conv_state[layer, slot] <- intermediate_conv[layer, row, accept - 1]; this program
-            # copies its V-tile's channel slice of the q, k and v groups of head h. Done first: the
-            # copy does not depend on the state, and after the token loop its load latency was
-            # the programs' tail (H200, H=32, N=256, T=16: fold with the conv roll 706 us against
-            # 531 without; docs/benchmarks.md).
+            # copies its V-tile's channel slice of the q, k and v groups of head h. All three loads
+            # are issued (after the state tile's) before the first store: the compiler may not move
+            # a load above a store that could alias it, and nine interleaved load/store pairs were
+            # nine serial memory round trips, a quarter of the fold's stall samples (ncu, H200, H=32,
+            # N=64, T=16; fold + conv 143.6 -> 125.2 us, docs/benchmarks.md).
             row = tl.load(irow_ptr + n).to(tl.int64)
             step = tl.minimum(n_acc, ICW_STEPS) - 1
             src = icw_ptr + layer * s_icw_layer + row * s_icw_row + step.to(tl.int64) * s_icw_step
             dst = conv_ptr + layer * s_conv_layer + slot * s_conv_slot
-            for grp in tl.static_range(3):
-                ch = grp * H * KD + h * KD + offs_v
-                for r in tl.static_range(3):
-                    tl.store(dst + r * s_conv_row + ch, tl.load(src + r * s_icw_win + ch))
-        tile = h64 * (KD * KD) + offs_v[:, None] * KD + offs_k[None, :]
-        s_layer = ssm_ptr + layer * s_ssm_layer
-        S = tl.load(s_layer + slot * s_ssm_slot + tile)
+            win = tl.arange(0, 4)[:, None]  # window rows 0..2 (padded to 4)
+            ch = h * KD + offs_v[None, :]  # this V-tile's channels in the q group; + H*KD: k, v
+            in_win = (win < 3) & (ch >= 0)
+            win_q = tl.load(src + win * s_icw_win + ch, mask=in_win)
+            win_k = tl.load(src + win * s_icw_win + H * KD + ch, mask=in_win)
+            win_v = tl.load(src + win * s_icw_win + 2 * H * KD + ch, mask=in_win)
+            tl.store(dst + win * s_conv_row + ch, win_q, mask=in_win)
+            tl.store(dst + win * s_conv_row + H * KD + ch, win_k, mask=in_win)
+            tl.store(dst + win * s_conv_row + 2 * H * KD + ch, win_v, mask=in_win)
         if TRACK:
             tslot = tl.load(tslot_ptr + n).to(tl.int64)
             tstep = tl.load(tstep_ptr + n)
