@@ -165,18 +165,29 @@ def _window_coupling(wp_ptr, wss_ptr, rb_row, n, h, H, scale, live, offs_t, TP: 
 # ----------------------------------------------------------------------------------------------
 
 @triton.jit
-def _conv_chunk(x_base, s_x_t, offs_c, ch, cbase, s_conv_row, offs_t, bos, n_tok, w_ptr, s_w,
-                icw_base, s_icw_win, m_live, ACT_BF16: tl.constexpr):
-    """Conv + SiLU outputs ``[TP, C]`` (fp32, rounded to the act dtype) of the given channels for
-    every window row, zeros past the request; writes the conv window after each token
-    (``x_{t-2}, x_{t-1}, x_t``) to the intermediate conv windows."""
+def _conv_inputs(x_base, s_x_t, offs_c, ch, cbase, s_conv_row, offs_t, bos, n_tok, w_ptr, s_w):
+    """The loads of a conv: the inputs ``x_{t-3} .. x_t`` (``[TP, C]`` fp32 each, see
+    :func:`_shift_tile`) and the 4 weights (``[1, C]``) of the given channels.
+
+    Kept apart from :func:`_conv_outputs` so that a kernel issues all its loads before its first
+    store: the compiler may not move a load above a store that could alias it, and a store
+    waits for the load its value comes from, so loads placed after such a store are one more
+    serial memory round trip."""
     x3 = _shift_tile(x_base, s_x_t, offs_c, cbase, s_conv_row, ch, offs_t, bos, n_tok, 3)
     x2 = _shift_tile(x_base, s_x_t, offs_c, cbase, s_conv_row, ch, offs_t, bos, n_tok, 2)
     x1 = _shift_tile(x_base, s_x_t, offs_c, cbase, s_conv_row, ch, offs_t, bos, n_tok, 1)
     x0 = _shift_tile(x_base, s_x_t, offs_c, cbase, s_conv_row, ch, offs_t, bos, n_tok, 0)
     w = w_ptr + ch.to(tl.int64) * s_w
-    y = _round_act(_conv_silu(x3, x2, x1, x0, tl.load(w)[None, :], tl.load(w + 1)[None, :],
-                              tl.load(w + 2)[None, :], tl.load(w + 3)[None, :]), ACT_BF16)
+    return (x3, x2, x1, x0, tl.load(w)[None, :], tl.load(w + 1)[None, :], tl.load(w + 2)[None, :],
+            tl.load(w + 3)[None, :])
+
+
+@triton.jit
+def _conv_outputs(x3, x2, x1, x0, w0, w1, w2, w3, ch, icw_base, s_icw_win, m_live, ACT_BF16: tl.constexpr):
+    """Conv + SiLU outputs ``[TP, C]`` (fp32, rounded to the act dtype) from :func:`_conv_inputs`,
+    zeros past the request; writes the conv window after each token (``x_{t-2}, x_{t-1}, x_t``)
+    to the intermediate conv windows."""
+    y = _round_act(_conv_silu(x3, x2, x1, x0, w0, w1, w2, w3), ACT_BF16)
     icw_ty = icw_base.dtype.element_ty
     tl.store(icw_base + ch[None, :], x2.to(icw_ty), mask=m_live)
     tl.store(icw_base + s_icw_win + ch[None, :], x1.to(icw_ty), mask=m_live)
@@ -227,15 +238,22 @@ def _verify_prep_kernel(
         t64 = offs_t.to(tl.int64)[:, None]
         icw_base = icw_ptr + row * s_icw_row + t64 * s_icw_step
         offs_c = ci * BK + tl.arange(0, BK)
-        yq = _conv_chunk(q_ptr + h64 * s_q_h, s_q_t, offs_c, h * KD + offs_c, cbase, s_conv_row,
-                         offs_t, bos, n_tok, w_ptr, s_w, icw_base, s_icw_win, m_live, ACT_BF16)
-        yk = _conv_chunk(k_ptr + h64 * s_k_h, s_k_t, offs_c, H * KD + h * KD + offs_c, cbase, s_conv_row,
-                         offs_t, bos, n_tok, w_ptr, s_w, icw_base, s_icw_win, m_live, ACT_BF16)
+        # every load of the program first (see _conv_inputs)
+        ch_q = h * KD + offs_c
+        ch_k = H * KD + h * KD + offs_c
+        q3, q2, q1, q0, wq0, wq1, wq2, wq3 = _conv_inputs(q_ptr + h64 * s_q_h, s_q_t, offs_c, ch_q, cbase,
+                                                          s_conv_row, offs_t, bos, n_tok, w_ptr, s_w)
+        k3, k2, k1, k0, wk0, wk1, wk2, wk3 = _conv_inputs(k_ptr + h64 * s_k_h, s_k_t, offs_c, ch_k, cbase,
+                                                          s_conv_row, offs_t, bos, n_tok, w_ptr, s_w)
         at = tl.load(a_ptr + h64 * s_a_h + (bos + offs_t).to(tl.int64)[:, None] * s_a_t + offs_c[None, :],
                      mask=m_live, other=0.0).to(tl.float32)
         dtb = tl.load(dt_bias_ptr + h * KD + offs_c)
-        g = tl.where(m_live, _kda_gate(at, dtb[None, :], tl.exp(tl.load(A_log_ptr + h)), lower_bound, USE_LB),
-                     0.0)
+        A_h = tl.exp(tl.load(A_log_ptr + h))
+        b_raw = tl.load(b_ptr + (bos + offs_t).to(tl.int64) * s_b_t + h64 * s_b_h, mask=live & (ci == 0), other=0.0)
+
+        yq = _conv_outputs(q3, q2, q1, q0, wq0, wq1, wq2, wq3, ch_q, icw_base, s_icw_win, m_live, ACT_BF16)
+        yk = _conv_outputs(k3, k2, k1, k0, wk0, wk1, wk2, wk3, ch_k, icw_base, s_icw_win, m_live, ACT_BF16)
+        g = tl.where(m_live, _kda_gate(at, dtb[None, :], A_h, lower_bound, USE_LB), 0.0)
         tl.store(rk_ptr + slot * s_rk_slot + h64 * s_rk_h + t64 * s_rk_t + offs_c[None, :],
                  yk.to(rk_ptr.dtype.element_ty), mask=m_live)
         tl.store(rg_ptr + slot * s_rg_slot + h64 * s_rg_h + t64 * s_rg_t + offs_c[None, :], g, mask=m_live)
@@ -254,9 +272,8 @@ def _verify_prep_kernel(
         tl.store(wss_ptr + nhc * (2 * TP) + offs_t, tl.sum(yqd * yqd, axis=1))
         tl.store(wss_ptr + nhc * (2 * TP) + TP + offs_t, tl.sum(ykd * ykd, axis=1))
         if ci == 0:
-            beta = _sigmoid(tl.load(b_ptr + (bos + offs_t).to(tl.int64) * s_b_t + h64 * s_b_h,
-                                    mask=live, other=0.0).to(tl.float32))
-            tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t, beta, mask=live)
+            tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t, _sigmoid(b_raw.to(tl.float32)),
+                     mask=live)
 
 
 @triton.jit(do_not_specialize=["H", "s_rb_slot", "s_rb_h", "s_rb_t"])
@@ -355,18 +372,21 @@ def _verify_stream_kernel(
             rb_row = rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t
             P, rq, rk = _window_coupling(wp_ptr, wss_ptr, rb_row, n, h, H, scale, live, offs_t, TP, NC)
 
-        # v channels of this V-tile: conv, windows, rawv ring
+        # v channels of this V-tile: conv, windows, rawv ring; all loads before the first store
         row = tl.load(irow_ptr + n).to(tl.int64)
         icw_base = icw_ptr + row * s_icw_row + offs_t.to(tl.int64)[:, None] * s_icw_step
-        yv = _conv_chunk(v_ptr + h64 * s_v_h, s_v_t, offs_v, 2 * H * KD + h * KD + offs_v,
-                         conv_ptr + slot * s_conv_slot, s_conv_row, offs_t, bos, n_tok, w_ptr, s_w,
-                         icw_base, s_icw_win, live[:, None], ACT_BF16)
-        tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
-                 + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=live[:, None])
+        ch_v = 2 * H * KD + h * KD + offs_v
+        v3, v2, v1, v0, wv0, wv1, wv2, wv3 = _conv_inputs(v_ptr + h64 * s_v_h, s_v_t, offs_v, ch_v,
+                                                          conv_ptr + slot * s_conv_slot, s_conv_row, offs_t, bos,
+                                                          n_tok, w_ptr, s_w)
         if FINISHED:
             in_tp = offs_t < TP
             P = tl.load(pp_ptr + (n * H + h).to(tl.int64) * (TP * TP) + offs_t[:, None] * TP + offs_t[None, :],
                         mask=in_tp[:, None] & in_tp[None, :], other=0.0)
+        yv = _conv_outputs(v3, v2, v1, v0, wv0, wv1, wv2, wv3, ch_v, icw_base, s_icw_win, live[:, None], ACT_BF16)
+        tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
+                 + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=live[:, None])
+        if FINISHED:
             o = acc + _mm_small(tl.trans(yv), tl.trans(P), TW)
         else:
             acc_q, acc_k = tl.split(tl.permute(tl.reshape(acc, [BV, 2, TP]), [0, 2, 1]))
