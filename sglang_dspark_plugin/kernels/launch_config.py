@@ -51,7 +51,10 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     266.6 with 16-channel chunks and 328.9 with 64), one warp each, two above 8 tokens from
     N*H = 1024 (fifth session, T=16: H=32, N=256: 668.0 against 701.1 us; H=12, N=128: 144.1
     against 146.6; but H=12, N=64: 85.1 against 81.8; at T=8 and T=4 two warps measured no better
-    or slower: 391.7 against 393.0 at N=256, 82.6 against 77.7 at N=64). Windows of 5+ tokens
+    or slower: 391.7 against 393.0 at N=256, 82.6 against 77.7 at N=64). Sixth session, after the
+    prep issues all its loads first: 32-channel chunks at every window (H=32, N=64: 76.1 / 107.5 us
+    at T=4 / 8 against 77.8 / 109.3 with 64; H=12, N=64, T=8: 50.0 against 52.0), 64 channels with
+    two warps at 16-token windows from N*H = 4096 (H=32, N=256: 653.6 against 673.1). Windows of 5+ tokens
     (``finish``, fifth session): a finish kernel per (request, head) takes the window's ``T x T``
     algebra out of the streaming kernel, whose programs then take 64 V rows with 2 warps (H=32,
     N=256: 540 -> 423 us at 8-token windows, 884 -> 742 at 16); up to 4 tokens the extra launch
@@ -64,7 +67,8 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
         return dict(impl="rows", **verify_rows(H, N, steps))
     finish = steps > 4
     nh = _programs(N, H)
-    prep = dict(prep_block_k=64 if steps <= 8 else 32, prep_num_warps=2 if (steps > 8 and nh >= 1024) else 1,
+    prep = dict(prep_block_k=64 if (steps > 8 and nh >= 4096) else 32,
+                prep_num_warps=2 if (steps > 8 and nh >= 1024) else 1,
                 finish=finish,
                 finish_num_warps=1 if (steps <= 8 or nh >= 1024) else 4)
     if interpreting():
@@ -99,10 +103,13 @@ def fold(H: int, N: int, layers: int) -> dict:
     16 rows from N*layers*H > 384 (H=32, N=256: 353.9 / 409.8 / 560.8 us at 4 / 8 / 16-token
     windows against 384.9 / 477.7 / 705.5 with 8 rows, the third session's choice; N=32, T=4: 51.0
     against 55.7; 32 or 64 rows, or two warps, slower), 4 rows per warp at smaller batches
-    (third session, H=32, N=8: 13.1 / 16.8 / 25.8 us)."""
+    (third session, H=32, N=8: 13.1 / 16.8 / 25.8 us). Sixth session, after the conv roll's loads
+    moved first: 4 rows only up to N*layers*H = 192 (H=32, N=8: 13.6 / 17.7 / 26.3 us at 4 / 8 /
+    16-token windows with 16 rows against 14.7 / 18.4 / 27.6 with 4; H=12, N=16, T=8: 15.4 with 4
+    rows against 16.0)."""
     if interpreting():
         return dict(block_v=32, num_warps=4)
-    if _programs(N, H) * max(1, layers) <= 384:
+    if _programs(N, H) * max(1, layers) <= 192:
         return dict(block_v=4, num_warps=1)
     return dict(block_v=16, num_warps=1)
 
