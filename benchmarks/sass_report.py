@@ -74,6 +74,7 @@ def report(compiled, lines: int = 0) -> dict:
         sass = _tool("nvdisasm", "-c", "-g", path)
     m = re.search(r"REG:(\d+).*?STACK:(\d+)", res)
     ops, per_line, spills = collections.Counter(), collections.Counter(), collections.Counter()
+    order = []
     where = "?"
     for ln in sass.splitlines():
         loc = re.search(r'//## File "([^"]+)", line (\d+)', ln)
@@ -85,8 +86,24 @@ def report(compiled, lines: int = 0) -> dict:
             ops[ins.group(1)] += 1
             per_line[where] += 1
             spills[where] += ins.group(1) in ("STL", "LDL")
+            order += {"LDG": "L", "LDGSTS": "L", "STG": "S", "BRA": "|"}.get(ins.group(1), "")
     return dict(registers=int(m.group(1)), stack=int(m.group(2)), shared=compiled.metadata.shared,
-                sass=sum(ops.values()), ops=ops, lines=[(k, v, spills[k]) for k, v in per_line.most_common(lines)])
+                sass=sum(ops.values()), ops=ops, lines=[(k, v, spills[k]) for k, v in per_line.most_common(lines)],
+                order="".join(order))
+
+
+def loads_after_first_store(order: str) -> int:
+    """Global loads that follow the first global store inside its branch-free stretch of code.
+
+    ``order`` is the report's sequence of global loads (L), stores (S) and branches (|). A store
+    waits for the load its value comes from, and the compiler may not move a load above a store
+    that could alias it, so each such load is one more serial memory round trip per program
+    (the fold's conv roll had eight of them; docs/benchmarks.md, sixth session)."""
+    first = order.find("S")
+    if first < 0:
+        return 0
+    end = order.find("|", first)
+    return order[first:end if end >= 0 else len(order)].count("L")
 
 
 def main(argv=None) -> dict:
@@ -122,6 +139,8 @@ def main(argv=None) -> dict:
           f"stages={a.stages}: {r['registers']} registers, {r['stack']} B stack, {r['shared']} B shared, "
           f"{r['sass']} SASS instructions")
     print("  " + ", ".join(f"{k} {v}" for k, v in r["ops"].most_common(12)))
+    print(f"  global loads (L) / stores (S) / branches (|) in code order: {r['order']}; "
+          f"loads after the first store before a branch: {loads_after_first_store(r['order'])}")
     for where, n, spill in r["lines"]:
         print(f"  {n:6d}  {where}" + (f"  ({spill} spill)" if spill else ""))
     return r
