@@ -47,3 +47,20 @@ def test_table_rows_match_the_json():
     fc = _default(rows, "fold_conv", 32, 64, 8)
     assert cells[6] == f"{fc['us']:.1f} ({fc['us'] / fc['floor_us']:.2f}×)"
     assert "4.242 TB/s" in text  # the run's copy bandwidth
+
+
+def test_decode_rows_match_the_json():
+    """The sixth-session run also timed decode (T = 1): its rows carry the decode cell and the
+    upstream decodes, and no verify/fold cells."""
+    run = os.path.join(RESULTS, "h200_2026-11-30_s6_final.json")
+    rows = json.load(open(run))["rows"]
+    text = _render(run)
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("| 32 | 32 | 1 |")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    d = _default(rows, "decode", 32, 32, 1)
+    up = _default(rows, "up_decode", 32, 32, 1)
+    fla = _default(rows, "up_fla_decode", 32, 32, 1)
+    # without --previous: H, N, T, verify, fold, fold + conv, verify+fold, decode, upstream
+    assert cells[7] == f"{d['us']:.1f} ({d['us'] / d['floor_us']:.2f}×, {up['us'] / d['us']:.2f})"
+    assert cells[8] == f"decode {up['us']:.1f} (sglang), {fla['us']:.1f} (fla, no conv)"
+    assert cells[3] == cells[4] == "—"
