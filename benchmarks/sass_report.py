@@ -48,11 +48,11 @@ def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int):
     names = fn.arg_names
     sig = {n: "constexpr" if n in constexprs else TYPES.get(n, "*fp32" if n.endswith("_ptr") else "i32")
            for n in names}
-    # A real launch specialises pointers and integer arguments that are multiples of 16 (strides of
-    # the pool tensors, the head dimension); without the same hints loads would not vectorise here.
-    # Arguments listed in do_not_specialize, and the int32 scalars of TYPES, get none.
-    fixed = set(getattr(fn, "do_not_specialize", ())) | {n for n, t in TYPES.items() if not t.startswith("*")}
-    aligned = [i for i, n in enumerate(names) if sig[n] != "constexpr" and n not in fixed and n != "L"
+    # A real launch specialises pointers and integer arguments that are multiples of 16 (the pool
+    # tensors' strides); without the same hints loads would not vectorise here. Arguments listed in
+    # do_not_specialize get none, nor does s_w (4: the row stride of the [D, 4] conv weight).
+    fixed = set(getattr(fn, "do_not_specialize", ())) | {"s_w"}
+    aligned = [i for i, n in enumerate(names) if sig[n] != "constexpr" and n not in fixed
                and (sig[n].startswith("*") or n.startswith("s_"))]
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
