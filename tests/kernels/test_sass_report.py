@@ -14,23 +14,26 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _report(*args):
+def _run_tool(*args):
+    """stdout of ``benchmarks/sass_report.py ARGS``."""
     env = dict(os.environ, TRITON_INTERPRET="0")  # the tool compiles; the interpreter cannot
     r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sass_report.py"), *args],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    m = re.search(r"(\d+) registers, (\d+) B stack, \d+ B shared, (\d+) SASS instructions", r.stdout)
-    assert m, r.stdout
+    return r.stdout
+
+
+def _report(*args):
+    out = _run_tool(*args)
+    m = re.search(r"(\d+) registers, (\d+) B stack, \d+ B shared, (\d+) SASS instructions", out)
+    assert m, out
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
 def _loads_after_first_store(*args):
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "sass_report.py"), *args],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    m = re.search(r"in code order: ([LS|]*); loads after the first store before a branch: (\d+)", r.stdout)
-    assert m, r.stdout
+    out = _run_tool(*args)
+    m = re.search(r"in code order: ([LS|]*); loads after the first store before a branch: (\d+)", out)
+    assert m, out
     return m.group(1), int(m.group(2))
 
 
