@@ -66,7 +66,7 @@ def _replayssm_fold_kernel(
             dst = conv_ptr + layer * s_conv_layer + slot * s_conv_slot
             win = tl.arange(0, 4)[:, None]  # window rows 0..2 (padded to 4)
             ch = h * KD + offs_v[None, :]  # this V-tile's channels in the q group; + H*KD: k, v
-            in_win = (win < 3) & (ch >= 0)
+            in_win = (win < 3) & (ch >= 0)  # ch >= 0 is always true: it makes the mask [4, BV]
             win_q = tl.load(src + win * s_icw_win + ch, mask=in_win)
             win_k = tl.load(src + win * s_icw_win + H * KD + ch, mask=in_win)
             win_v = tl.load(src + win * s_icw_win + 2 * H * KD + ch, mask=in_win)
