@@ -6,14 +6,14 @@
 #   GAMMA=1 PORT=30001 examples/launch_server.sh --enable-linear-replayssm-spec --linear-replayssm-cache-len 4
 #
 # Without a GPU it runs on CPU under the Triton interpreter and adds the flags a CPU-only run
-# needs (printed by sglang_dspark_plugin.serving.cpu_flags; docs/e2e.md explains each one).
+# needs (printed by sglang_dspark_plugin.harness.serving.cpu_flags; docs/e2e.md explains each one).
 # For real models see configs/deploy/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 GAMMA=${GAMMA:-3}
 
-"$PY" -m sglang_dspark_plugin.tiny_models          # writes the tiny weights if missing
+"$PY" -m sglang_dspark_plugin.harness.tiny_models          # writes the tiny weights if missing
 
 args=(
   --model-path configs/tiny-kimi-linear
@@ -25,7 +25,7 @@ args=(
 )
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   export TRITON_INTERPRET=1
-  read -r -a cpu < <("$PY" -c 'from sglang_dspark_plugin.serving import cpu_flags; print(" ".join(cpu_flags(speculative=True)))')
+  read -r -a cpu < <("$PY" -c 'from sglang_dspark_plugin.harness.serving import cpu_flags; print(" ".join(cpu_flags(speculative=True)))')
   args+=("${cpu[@]}")
 fi
 echo "+ $PY -m sglang.launch_server ${args[*]} $*"

@@ -5,7 +5,7 @@ plugin's attention backend and DSPARK speculation, no HTTP server.
 
 Prints each completion with its speculation statistics (verify steps, accept length), then shuts
 the engine down. Without a GPU it runs on CPU under the Triton interpreter, with the same flags
-as the server (``sglang_dspark_plugin.serving.cpu_flags``).
+as the server (``sglang_dspark_plugin.harness.serving.cpu_flags``).
 """
 
 import argparse
@@ -23,7 +23,7 @@ def main() -> int:
 
     import torch
 
-    from sglang_dspark_plugin.serving import cpu_env, cpu_flags, engine_kwargs, tiny_model_args
+    from sglang_dspark_plugin.harness.serving import cpu_env, cpu_flags, engine_kwargs, tiny_model_args
 
     flags = tiny_model_args(args.gamma, attention_backend="dspark")
     if not torch.cuda.is_available():

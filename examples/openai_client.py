@@ -6,7 +6,7 @@
 
 Sends one chat completion, one text completion and one streamed chat completion (greedy), and
 prints them. Without --base-url it launches the bundled tiny model with
-``sglang_dspark_plugin.serving`` (own process group, stopped at the end).
+``sglang_dspark_plugin.harness.serving`` (own process group, stopped at the end).
 """
 
 import argparse
@@ -61,7 +61,7 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         base_url = args.base_url
         if base_url is None:
-            from sglang_dspark_plugin.serving import SGLangServer, tiny_model_args
+            from sglang_dspark_plugin.harness.serving import SGLangServer, tiny_model_args
 
             server = stack.enter_context(SGLangServer(tiny_model_args(gamma=3)))
             base_url = server.base_url + "/v1"

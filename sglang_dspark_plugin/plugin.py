@@ -207,7 +207,7 @@ def register() -> None:
 
 
 def _register() -> str:
-    from . import cpu_support
+    from .harness import cpu_support
 
     cpu_support.apply()  # no-op when a GPU is present
 

@@ -18,7 +18,7 @@ CHECKS = textwrap.dedent(
     r'''
     import os, torch
     assert os.environ.get("TRITON_INTERPRET") is None  # apply() must set it itself
-    from sglang_dspark_plugin import cpu_support
+    from sglang_dspark_plugin.harness import cpu_support
     assert cpu_support.apply() is True and cpu_support.apply() is True
     assert os.environ["TRITON_INTERPRET"] == "1"
     first = cpu_support.installed_patches()

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from sglang_dspark_plugin import serving
-from sglang_dspark_plugin.serving import SGLangServer, ServerStartError, group_members
+from sglang_dspark_plugin.harness import serving
+from sglang_dspark_plugin.harness.serving import SGLangServer, ServerStartError, group_members
 
 # A stand-in for launch_server: forks a child into its process group (like SGLang's scheduler),
 # answers /health with 503 for a second, then 200; exits cleanly on SIGTERM.

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_dspark_plugin import tiny_models
+from sglang_dspark_plugin.harness import tiny_models
 
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -33,7 +33,7 @@ def test_committed_configs_match_generator(tmp_path):
         assert "config.json" in generated and "tokenizer.json" in generated
         for name in generated:
             assert (REPO_CONFIGS / sub / name).read_bytes() == (tmp_path / sub / name).read_bytes(), (
-                f"configs/{sub}/{name} is stale: run python -m sglang_dspark_plugin.tiny_models "
+                f"configs/{sub}/{name} is stale: run python -m sglang_dspark_plugin.harness.tiny_models "
                 "after deleting it")
 
 

@@ -1,6 +1,6 @@
 """Shared pieces of the end-to-end tests: real ``sglang.launch_server`` processes on the bundled
-tiny Kimi-Linear (``sglang_dspark_plugin.tiny_models``), started through
-``sglang_dspark_plugin.serving`` (own process group, always stopped).
+tiny Kimi-Linear (``sglang_dspark_plugin.harness.tiny_models``), started through
+``sglang_dspark_plugin.harness.serving`` (own process group, always stopped).
 
 Cost model (2-core CPU machine, Triton interpreter): a server start is ~45-75 s, a greedy
 12-token request ~4-10 s. So servers are shared: the baseline (no speculation) runs once per

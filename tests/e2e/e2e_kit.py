@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from sglang_dspark_plugin.serving import SGLangServer, tiny_model_args  # noqa: F401
+from sglang_dspark_plugin.harness.serving import SGLangServer, tiny_model_args  # noqa: F401
 
 MAX_TOKENS = 12
 # Prompts of the per-configuration tests; all four are used by the concurrency test. Chosen for

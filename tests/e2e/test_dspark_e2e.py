@@ -26,8 +26,8 @@ from typing import Dict, Optional
 
 import pytest
 
-from sglang_dspark_plugin.serving import ServerStartError, gpu_available, tiny_model_args
-from sglang_dspark_plugin.tiny_models import DRAFT_DIR, SPS_TABLE_FILE, default_out_dir
+from sglang_dspark_plugin.harness.serving import ServerStartError, gpu_available, tiny_model_args
+from sglang_dspark_plugin.harness.tiny_models import DRAFT_DIR, SPS_TABLE_FILE, default_out_dir
 
 from e2e_kit import (
     MAX_TOKENS,

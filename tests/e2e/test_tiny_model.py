@@ -7,7 +7,7 @@ import torch
 from transformers import AutoTokenizer
 
 from e2e_kit import MAX_TOKENS, PROMPTS
-from sglang_dspark_plugin import tiny_models
+from sglang_dspark_plugin.harness import tiny_models
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ import pytest
 
 from e2e_kit import STARTED
 
-from sglang_dspark_plugin.serving import live_processes
+from sglang_dspark_plugin.harness.serving import live_processes
 
 pytestmark = pytest.mark.e2e
 

@@ -36,7 +36,7 @@ import sys
 import threading
 from typing import Callable, Dict, List
 
-logger = logging.getLogger("sglang_dspark_plugin.cpu_support")
+logger = logging.getLogger("sglang_dspark_plugin.harness.cpu_support")
 
 _lock = threading.Lock()
 _applied = False

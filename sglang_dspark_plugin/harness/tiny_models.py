@@ -1,6 +1,6 @@
 """Tiny, reproducible Kimi-Linear target + DSPARK draft for CPU demos and end-to-end tests.
 
-``python -m sglang_dspark_plugin.tiny_models [--out DIR]`` writes, under ``DIR`` (default: the
+``python -m sglang_dspark_plugin.harness.tiny_models [--out DIR]`` writes, under ``DIR`` (default: the
 checkout's ``configs/``):
 
 * ``tiny-kimi-linear/``: a 2-layer ``KimiLinearForCausalLM`` (layer 0 KDA, layer 1 MLA with NoPE;
@@ -530,14 +530,14 @@ def make_draft_weights(target_weights: Dict[str, "torch.Tensor"]) -> Dict[str, "
 
 
 def default_out_dir() -> Path:
-    """The checkout's ``configs/`` when running from a source tree, else a user cache dir
-    (override with ``SGLANG_DSPARK_TINY_DIR``)."""
+    """The checkout's ``configs/`` when running from a source tree (an editable install), else a
+    user cache dir, never site-packages (override with ``SGLANG_DSPARK_TINY_DIR``)."""
     env = os.environ.get("SGLANG_DSPARK_TINY_DIR")
     if env:
         return Path(env)
-    repo_configs = Path(__file__).resolve().parent.parent / "configs"
-    if repo_configs.is_dir():
-        return repo_configs
+    checkout = Path(__file__).resolve().parents[2]  # harness -> package -> checkout
+    if (checkout / "pyproject.toml").is_file() and (checkout / "configs" / TARGET_DIR).is_dir():
+        return checkout / "configs"
     return Path.home() / ".cache" / "sglang-dspark-plugin" / "configs"
 
 
@@ -612,7 +612,7 @@ def ensure_tiny_models(out: Optional[os.PathLike] = None, *, log=print) -> Dict[
 
 def main(argv: Optional[Iterable[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sglang_dspark_plugin.tiny_models",
+        prog="python -m sglang_dspark_plugin.harness.tiny_models",
         description="Write the tiny Kimi-Linear target and DSPARK draft (missing files only).",
     )
     parser.add_argument("--out", default=None, help=f"output dir (default: {default_out_dir()})")

@@ -1,8 +1,8 @@
 """Start and always stop an SGLang server (``python -m sglang.launch_server``) from Python.
 
-Used by the demo (``python -m sglang_dspark_plugin.demo``), the examples and the e2e tests::
+Used by the demo (``python -m sglang_dspark_plugin.harness.demo``), the examples and the e2e tests::
 
-    from sglang_dspark_plugin.serving import SGLangServer, tiny_model_args
+    from sglang_dspark_plugin.harness.serving import SGLangServer, tiny_model_args
 
     with SGLangServer(tiny_model_args(gamma=3)) as server:   # prints progress while it starts
         print(server.base_url)                                # http://127.0.0.1:<port>

@@ -1,7 +1,7 @@
 """The main job: serve the bundled tiny Kimi-Linear with ``--attention-backend dspark`` and DSPARK
 speculative decoding, answer one OpenAI ``chat.completions`` request, print it, stop.
 
-    python -m sglang_dspark_plugin.demo [--gamma 3] [--prompt "..."] [--max-tokens 16]
+    python -m sglang_dspark_plugin.harness.demo [--gamma 3] [--prompt "..."] [--max-tokens 16]
 
 Steps: write the tiny models' weights if missing (``tiny_models.py``); start
 ``python -m sglang.launch_server --attention-backend dspark --speculative-algorithm DSPARK
@@ -109,7 +109,7 @@ def run(
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang_dspark_plugin.demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sglang_dspark_plugin.harness.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--gamma", type=int, default=3, help="DSPARK block size (drafts per step); 0 = no speculation")
     parser.add_argument("--prompt", default=DEFAULT_PROMPT)
     parser.add_argument("--max-tokens", type=int, default=16)
