@@ -46,6 +46,17 @@ def _warn_fallback_once(reason: str) -> None:
         logger.warning("dspark: KDA layers fall back to SGLang's own KDA path: %s", reason)
 
 
+_kernels_in_use: set[str] = set()
+
+
+def _log_kernel_first_use(kernel: str) -> None:
+    """One INFO line per process the first time a plugin kernel path runs (under CUDA graphs: when
+    it is captured). Served tests assert on it: the plugin's kernels really ran."""
+    if kernel not in _kernels_in_use:
+        _kernels_in_use.add(kernel)
+        logger.info("dspark: KDA kernel in use: %s", kernel)
+
+
 def _as_int32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int32 else t.to(torch.int32)
 
@@ -155,6 +166,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         self._track_mamba_state_decode(
             forward_batch, cache.conv[0], cache.temporal, slots, layer.layer_id
         )
+        _log_kernel_first_use("decode")
         return out
 
     # --- TARGET_VERIFY ----------------------------------------------------------------------------
@@ -206,6 +218,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             **mode,
         )
         self.last_verify_used_plugin = True
+        _log_kernel_first_use("mtp_verify (ring)" if "ring_rawv" in mode else "mtp_verify (snapshot)")
         return batch.to_packed(out)
 
 
@@ -221,13 +234,15 @@ class DSparkHybridLinearAttnBackend(HybridLinearAttnBackend):
         req_pool_indices=None,
     ):
         linear = self.linear_attn_backend
-        if not commit_verified_states(
+        if commit_verified_states(
             linear,
             last_correct_step_indices,
             mamba_track_indices,
             mamba_steps_to_track,
             req_pool_indices,
         ):
+            _log_kernel_first_use("replayssm_fold")
+        else:
             super().update_mamba_state_after_mtp_verify(
                 last_correct_step_indices,
                 mamba_track_indices,

@@ -1,8 +1,10 @@
 """tiny_models: reproducible bytes, committed configs/tokenizers up to date, and a draft whose
 Markov head really encodes the target's one-token successor function (no server needed)."""
 
+import dataclasses
 from pathlib import Path
 
+import pytest
 import torch
 
 from sglang_dspark_plugin.harness import tiny_models
@@ -25,15 +27,16 @@ def test_generation_is_reproducible_and_idempotent(tmp_path):
     assert weights.stat().st_mtime_ns == mtime
 
 
-def test_committed_configs_match_generator(tmp_path):
-    """configs/tiny-*/ (config.json, tokenizer files) are exactly what the generator writes."""
-    tiny_models.ensure_tiny_models(tmp_path, log=lambda m: None)
-    for sub in (tiny_models.TARGET_DIR, tiny_models.DRAFT_DIR):
-        generated = {p.name for p in (tmp_path / sub).iterdir()} - {tiny_models.WEIGHTS_FILE}
+@pytest.mark.parametrize("spec", tiny_models.SPECS.values(), ids=lambda s: s.name)
+def test_committed_configs_match_generator(tmp_path, spec):
+    """configs/<model>/ (config.json, tokenizer files) are exactly what the generator writes."""
+    tiny_models.ensure_models(spec, tmp_path, log=lambda m: None, weights=False)
+    for sub in (spec.target_dir, spec.draft_dir):
+        generated = {p.name for p in (tmp_path / sub).iterdir()}
         assert "config.json" in generated and "tokenizer.json" in generated
         for name in generated:
             assert (REPO_CONFIGS / sub / name).read_bytes() == (tmp_path / sub / name).read_bytes(), (
-                f"configs/{sub}/{name} is stale: run python -m sglang_dspark_plugin.harness.tiny_models "
+                f"configs/{sub}/{name} is stale: run python -m sglang_dspark_plugin.harness.tiny_models --model {spec.name} "
                 "after deleting it")
 
 
@@ -54,3 +57,22 @@ def test_special_tokens_are_never_emitted():
     lm_head = tiny_models.make_target_weights()["lm_head.weight"].float()
     assert not lm_head[: len(tiny_models.SPECIAL_TOKENS)].any()
     assert int(tiny_models.emittable_tokens().sum()) > 200
+
+
+def test_incremental_reference_equals_full_recompute():
+    """``ReferenceTarget.greedy`` (one token per step from the cached KDA state, conv tail and MLA
+    keys) picks the same tokens, with the same margins, as re-running the whole sequence; on a
+    scaled-down kimi32 layout (KDA, KDA, KDA, MLA) so every cache kind is crossed by a layer."""
+    spec = dataclasses.replace(
+        tiny_models.KIMI32, hidden=256, intermediate=256, kda_heads=2, mla_heads=2,
+        draft_heads=2, draft_kv_heads=2, draft_intermediate=256,
+    )  # fmt: skip
+    ref = tiny_models.ReferenceTarget(tiny_models.make_target_weights(spec), spec)
+    ids = torch.randint(7, 200, (3, 5), generator=torch.Generator().manual_seed(0))
+    tokens, margins = ref.greedy(ids, 6)
+    seq = ids
+    for step in range(6):
+        top = ref.logits(seq)[:, -1].topk(2)
+        assert torch.equal(top.indices[:, 0], tokens[:, step])
+        torch.testing.assert_close(top.values[:, 0] - top.values[:, 1], margins[:, step], rtol=1e-9, atol=1e-9)
+        seq = torch.cat([seq, tokens[:, step : step + 1]], 1)

@@ -43,7 +43,7 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
-from .tiny_models import DRAFT_DIR, TARGET_DIR, default_out_dir, ensure_tiny_models
+from .tiny_models import TINY, ModelSpec, default_out_dir, ensure_models
 
 # Resource caps for a CPU-only run (each KDA/MLA state slot is tiny, but SGLang sizes its pools
 # from free memory otherwise: about 8 GB of KV plus 7 GB of SSM state on a 24 GB machine).
@@ -130,23 +130,25 @@ def tiny_model_args(
     replayssm: bool = False,
     replayssm_cache_len: Optional[int] = None,
     models_dir: Optional[os.PathLike] = None,
+    spec: ModelSpec = TINY,
     extra: Iterable[str] = (),
 ) -> List[str]:
-    """``launch_server`` arguments for the bundled tiny Kimi-Linear (writing its weights first
-    if they are missing). ``gamma`` set = DSPARK speculation with block size ``gamma`` and the
-    bundled draft; ``replayssm`` adds ``--enable-linear-replayssm-spec`` with a ring length of
-    the smallest power of two >= 2*(gamma+1) (SGLang's pool check), at least 4."""
+    """``launch_server`` arguments for a bundled test model (``spec``: the tiny Kimi-Linear by
+    default), writing its weights first if they are missing. ``gamma`` set = DSPARK speculation
+    with block size ``gamma`` and the model's draft; ``replayssm`` adds
+    ``--enable-linear-replayssm-spec`` with a ring length of the smallest power of two
+    >= 2*(gamma+1) (SGLang's pool check), at least 4."""
     models_dir = Path(models_dir) if models_dir else default_out_dir()
-    ensure_tiny_models(models_dir, log=lambda msg: print(f"[tiny_models] {msg}", flush=True))
+    ensure_models(spec, models_dir, log=lambda msg: print(f"[tiny_models] {msg}", flush=True))
     args = [
-        "--model-path", str(models_dir / TARGET_DIR),
+        "--model-path", str(models_dir / spec.target_dir),
         "--attention-backend", attention_backend,
         "--trust-remote-code",
     ]  # fmt: skip
     if gamma is not None:
         args += [
             "--speculative-algorithm", "DSPARK",
-            "--speculative-draft-model-path", str(models_dir / DRAFT_DIR),
+            "--speculative-draft-model-path", str(models_dir / spec.draft_dir),
             "--speculative-dspark-block-size", str(gamma),
             # The draft cannot use "dspark" (no draft backend of that name; SGLang would fall
             # back to flashinfer, CUDA-only); Triton runs the tiny draft everywhere.

@@ -25,7 +25,7 @@ from e2e_kit import (  # noqa: E402
     SPEC_STATS,
     STARTED,
     Baseline,
-    assert_served_by_plugin,
+    assert_not_served_by_plugin,
     chat,
     completion,
     generate,
@@ -43,12 +43,12 @@ from e2e_kit import (  # noqa: E402
 
 @pytest.fixture(scope="session")
 def baseline() -> Baseline:
-    """Greedy outputs of the non-speculative server for every prompt and API.
+    """Greedy outputs of **stock SGLang** without speculation for every prompt and API.
 
-    This server also uses ``--attention-backend dspark`` (MLA layers on the delegate backend,
-    KDA layers on the plugin's backend, plain DECODE steps): the speculative servers are compared
-    against the plugin's own non-speculative path."""
-    server = start_server("baseline", tiny_model_args(None, attention_backend="dspark"))
+    ``--attention-backend triton``: SGLang's own MLA backend and KDA kernels, so a bug shared by
+    the plugin's decode and verify paths cannot hide in the baseline. Every configuration (the
+    plugin's plain decode included) is compared against it."""
+    server = start_server("baseline", tiny_model_args(None, attention_backend="triton"))
     prefetch_spec_server(0)
     try:
         out = Baseline()
@@ -56,7 +56,7 @@ def baseline() -> Baseline:
             out.generate[prompt] = generate(server, prompt)
             out.completion[prompt] = completion(server, prompt)
             out.chat[prompt] = chat(server, prompt)
-        assert_served_by_plugin(server)
+        assert_not_served_by_plugin(server)
     finally:
         stop_server(server)
     for prompt in PROMPTS:

@@ -1,11 +1,13 @@
 """End to end: ``python -m sglang.launch_server --attention-backend dspark --speculative-algorithm
 DSPARK`` on the bundled tiny Kimi-Linear (1 KDA + 1 MLA layer) and its tiny DSPARK draft.
 
-For each speculative configuration below (one shared server per configuration):
+For each configuration below (one shared server per configuration: the plugin's plain decode and
+the speculative configurations):
 
-* greedy output with speculation == greedy output of the non-speculative server, token for token
-  (``/generate`` output ids) and text for text through ``/v1/completions``,
-  ``/v1/chat/completions`` and both streaming variants;
+* greedy output == greedy output of **stock SGLang** without speculation (``--attention-backend
+  triton``, SGLang's own KDA kernels), token for token (``/generate`` output ids) and text for text
+  through ``/v1/completions``, ``/v1/chat/completions`` and both streaming variants;
+* the plugin's kernels for the configuration ran (decode; verify; fold) and nothing fell back;
 * speculation really ran: ``/generate`` meta_info reports verify steps, their accepted-draft
   histogram is consistent, and at least one verify step accepted a draft token (more than the
   bonus token);
@@ -82,7 +84,7 @@ def mla_delegate() -> str:
 @dataclass(frozen=True)
 class SpecConfig:
     name: str
-    gamma: int  # --speculative-dspark-block-size
+    gamma: Optional[int]  # --speculative-dspark-block-size; None: no speculation (plain decode)
     replayssm: bool  # --enable-linear-replayssm-spec (ring length: smallest power of 2 >= 2(gamma+1))
     ragged_mode: str = "static"  # SGLANG_RAGGED_VERIFY_MODE
     sps_table: bool = False  # --speculative-dspark-sps-table-path: compact picks short windows
@@ -98,6 +100,12 @@ class SpecConfig:
     def env(self):
         return {"SGLANG_RAGGED_VERIFY_MODE": self.ragged_mode}
 
+    def kernels(self):
+        """The plugin kernels this configuration must run (their first-use log lines)."""
+        if self.gamma is None:
+            return ["decode"]
+        return ["mtp_verify (ring)", "replayssm_fold"] if self.replayssm else ["mtp_verify (snapshot)"]
+
     def skip_reason(self) -> Optional[str]:
         if self.sps_table and mla_delegate() == "triton":
             return RAGGED_BLOCKED_ON_TRITON_MLA
@@ -105,6 +113,8 @@ class SpecConfig:
 
 
 CONFIGS = [
+    # the plugin's plain decode kernel, no speculation
+    SpecConfig("decode", gamma=None, replayssm=False),
     SpecConfig("g3-static", gamma=3, replayssm=False, bad_input=True),
     SpecConfig("g1-static", gamma=1, replayssm=False),
     SpecConfig("g3-static-replayssm", gamma=3, replayssm=True),
@@ -163,6 +173,8 @@ def test_generate_lossless_token_for_token(spec, baseline):
 
 def test_speculation_exercised(spec):
     gamma = spec.config.gamma
+    if gamma is None:
+        pytest.skip("no speculation in this configuration")
     accepted_any = 0
     shortest_window = gamma + 1
     rows = SPEC_STATS.setdefault(spec.config.name, [])
@@ -236,7 +248,7 @@ def test_served_by_the_plugin(spec):
     """The KDA layers ran on the plugin's kernels for the whole run (no fallback to SGLang's own
     KDA path was logged) and the MLA layers on the dspark backend's delegate."""
     spec.generate_results()  # at least the /generate requests have run on this server
-    assert_served_by_plugin(spec.server)
+    assert_served_by_plugin(spec.server, spec.config.kernels())
 
 
 def test_rejects_bad_requests_and_keeps_serving(spec, baseline):

@@ -1,5 +1,5 @@
-"""The tiny target itself, through the real (non-speculative, ``--attention-backend dspark``)
-server: SGLang loads the generated weights as intended and the model is a meaningful test
+"""The tiny target itself, through the real stock SGLang server (the e2e baseline: no speculation,
+``--attention-backend triton``): SGLang loads the generated weights as intended and the model is a meaningful test
 subject (context-dependent, full-length outputs)."""
 
 import pytest
@@ -17,7 +17,7 @@ NEAR_TIE = 0.1  # logits; below this bf16 serving may legitimately pick the othe
 def test_greedy_output_matches_float64_reference(baseline):
     """SGLang's greedy tokens equal those of ``tiny_models.ReferenceTarget`` (an independent
     float64 PyTorch forward of the same weights) up to the first near-tie of the reference. This
-    pins the checkpoint names/layout and the KDA (plugin decode kernels) + MLA numerics."""
+    pins the checkpoint names/layout and the model definition the reference encodes."""
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_models.default_out_dir() / tiny_models.TARGET_DIR))
     ref = tiny_models.ReferenceTarget(tiny_models.make_target_weights())
     for prompt in PROMPTS:

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The GPU serving rig, run on the device machine from the checkout root (docs/gpu-serving.md).
+#
+#   bash benchmarks/gpu_rig.sh stage N [--last]    copy staged SGLang part N (carried .stage/pN) to /tmp/stage
+#   bash benchmarks/gpu_rig.sh e2e [pytest args]   GPU end-to-end tests (tests/gpu); logs -> $OUT
+#   bash benchmarks/gpu_rig.sh bench [args]        benchmarks/bench_serving.py; results -> $OUT
+#
+# e2e/bench need every part staged on this (still warm) machine and .rig/sglang-gpu-env.sh
+# (a copy of ../shared/device/sglang-gpu-env.sh in the ignored, carried folder .rig). The Triton
+# cache lives in /tmp/triton-cache for the machine's life; with .rig/triton-cache.tgz (brought back
+# by an earlier call) a fresh machine skips most of the Triton JIT.
+set -uo pipefail
+cmd=${1:?usage: gpu_rig.sh stage N | e2e | bench}
+shift
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+case "$cmd" in
+  stage)
+    mkdir -p /tmp/stage && cp ".stage/p$1"/* /tmp/stage/ && ls -la /tmp/stage || exit 1
+    # with --last: unpack now (once per machine) and write the kimi32 test model, so the calls
+    # that serve spend their minutes serving (ignored files stay on a warm machine between calls)
+    if [ "${2:-}" = "--last" ]; then
+      # shellcheck disable=SC1091
+      source .rig/sglang-gpu-env.sh "$PWD" || exit 1
+      python3 -m sglang_dspark_plugin.harness.tiny_models --model kimi32 || exit 1
+      python3 -m sglang_dspark_plugin.harness.tiny_models --model tiny || exit 1
+    fi
+    exit 0 ;;
+esac
+
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+# shellcheck disable=SC1091
+source .rig/sglang-gpu-env.sh "$PWD" || exit 1
+export TRITON_CACHE_DIR=/tmp/triton-cache
+if [ ! -d "$TRITON_CACHE_DIR" ] && [ -f .rig/triton-cache.tgz ]; then
+  mkdir -p "$TRITON_CACHE_DIR" && tar -C "$TRITON_CACHE_DIR" -xzf .rig/triton-cache.tgz
+fi
+# Multi-GPU machines: NVLink multicast stays off (the device tool's README).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+stop_leftovers() {  # servers run in their own sessions: never leave one holding the GPU
+  pkill -INT -f sglang.launch_server 2>/dev/null; sleep 5; pkill -KILL -f sglang 2>/dev/null; true
+}
+
+save_cache() {  # the Triton cache, if it fits what a call may bring back
+  tar -C "$TRITON_CACHE_DIR" -czf /tmp/triton-cache.tgz . 2>/dev/null
+  [ "$(stat -c %s /tmp/triton-cache.tgz)" -lt 16000000 ] && cp /tmp/triton-cache.tgz "$OUT/"
+}
+
+case "$cmd" in
+  e2e)
+    export DSPARK_GPU_E2E_LOG_DIR=/tmp/gpu-e2e
+    mkdir -p "$DSPARK_GPU_E2E_LOG_DIR"
+    # its own limit, below the call's: the logs below must still be packed when it is cut short
+    timeout -s INT "${E2E_TIMEOUT:-530}" python3 -m pytest tests/gpu -p no:cacheprovider -rA "$@" 2>&1 \
+      | tee "$DSPARK_GPU_E2E_LOG_DIR/pytest.log"
+    rc=${PIPESTATUS[0]}
+    stop_leftovers
+    tar -C /tmp -czf "$OUT/gpu-e2e-logs.tgz" gpu-e2e
+    save_cache
+    exit "$rc" ;;
+  bench)
+    timeout -s INT "${BENCH_TIMEOUT:-540}" python3 benchmarks/bench_serving.py --out "$OUT" --log-dir /tmp/bench-serving "$@"
+    rc=$?
+    stop_leftovers
+    find /tmp/bench-serving -name '*.json*' -path '*profile*' -delete
+    tar -C /tmp -czf "$OUT/bench-serving-logs.tgz" bench-serving
+    save_cache
+    exit "$rc" ;;
+  *) echo "unknown command $cmd" >&2; exit 2 ;;
+esac

@@ -1,0 +1,325 @@
+"""The GPU end-to-end fleet: real ``sglang.launch_server`` processes on one GPU, every served
+configuration of both test models, each compared with **stock SGLang without speculation**.
+
+What one run does (``python -m pytest tests/gpu``, on the H200 rig: docs/gpu-serving.md):
+
+1. Writes the test models if missing (``harness.tiny_models``: ``tiny`` and the Kimi-Linear-shaped
+   ``kimi32``, 32 KDA heads) and picks ``NUM_PROMPTS`` prompts per model: seeded random token ids
+   whose greedy continuation under the float64 reference (``ReferenceTarget``, an independent
+   forward) has a top-1/top-2 logit margin of at least ``MIN_MARGIN`` at every one of the
+   ``OUTPUT_LEN`` tokens, so that bf16 rounding differences between two correct implementations
+   cannot flip a token. Nothing else about the prompts is chosen.
+2. Starts every configuration of ``configs()`` as its own server (``PARALLEL`` at a time, sharing
+   the GPU and the Triton cache), sends each the same workload (``run_workload``) and stops it:
+   all prompts at once plus repeats up to ``CONCURRENCY`` requests (batches above the largest
+   captured CUDA graph run eager), then 5 at once (a padded graph), then the OpenAI completions
+   API. Results and the server log are kept for the tests.
+
+The servers use CUDA graphs (``--cuda-graph-bs-decode``), the overlap scheduler and SGLang's
+default radix cache strategy: what a GPU deployment runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+from sglang_dspark_plugin.harness import tiny_models
+from sglang_dspark_plugin.harness.serving import SGLangServer, gpu_available, tiny_model_args
+
+# Harness dry run without a GPU (the tiny model only, small workload): checks this kit, not the GPU.
+ON_CPU = not gpu_available()
+
+OUTPUT_LEN = 8 if ON_CPU else 32
+NUM_PROMPTS = 6 if ON_CPU else 40
+PROMPT_LEN = 16
+MIN_MARGIN = 0.2  # logits, float64 reference, every generated token
+PROMPT_SEED = 20261201
+CONCURRENCY = 4 if ON_CPU else 64
+CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 32]  # 64 concurrent requests run eager; 5 pad to 8
+PARALLEL = int(os.environ.get("DSPARK_GPU_E2E_PARALLEL", "1" if ON_CPU else "10"))
+LOG_DIR = Path(os.environ.get("DSPARK_GPU_E2E_LOG_DIR", "/tmp/dspark-gpu-e2e"))
+MODELS = ["tiny"] if ON_CPU else os.environ.get("DSPARK_GPU_E2E_MODELS", "kimi32,tiny").split(",")
+
+# Log lines of the plugin (backend.py, plugin.py) and of SGLang the tests look for.
+PLUGIN_ACTIVE_MARK = "dspark: full-attention (MLA) layers use"
+PLUGIN_FALLBACK_MARK = "fall back to SGLang's own KDA path"
+KERNEL_MARK = "dspark: KDA kernel in use: "
+GRAPH_CAPTURED_MARK = "CUDA graph end"
+
+
+def stock_backend() -> str:
+    """The stock SGLang backend of the baseline: the dspark backend's own MLA delegate (fa3 on
+    Hopper unless ``SGLANG_DSPARK_FULL_ATTN_BACKEND`` says otherwise), so baseline and plugin
+    differ only in the KDA layers."""
+    if ON_CPU:
+        return "triton"
+    from sglang_dspark_plugin.plugin import full_attention_delegate
+
+    return full_attention_delegate()
+
+
+@dataclass(frozen=True)
+class Served:
+    """One server configuration."""
+
+    model: str  # ModelSpec name
+    name: str
+    backend: str  # "dspark" or "stock"
+    gamma: Optional[int] = None  # --speculative-dspark-block-size; None = no speculation
+    replayssm: bool = False  # --enable-linear-replayssm-spec
+    ragged: str = "static"  # SGLANG_RAGGED_VERIFY_MODE
+    sps_table: bool = False  # compact scheduler picks windows shorter than gamma + 1
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}-{self.name}"
+
+    @property
+    def spec(self) -> tiny_models.ModelSpec:
+        return tiny_models.SPECS[self.model]
+
+    def skip_reason(self) -> Optional[str]:
+        if self.sps_table and stock_backend() == "triton":
+            return "ragged verify windows need an MLA delegate that reads them (fa3/flashinfer); DSPARK-E004"
+        return None
+
+    def args(self) -> List[str]:
+        extra: List[str] = []
+        if self.sps_table:
+            table = tiny_models.default_out_dir() / self.spec.draft_dir / tiny_models.SPS_TABLE_FILE
+            extra += ["--speculative-dspark-sps-table-path", str(table)]
+        if not ON_CPU:
+            extra += [
+                "--cuda-graph-bs-decode", *map(str, CUDA_GRAPH_BS),
+                "--max-running-requests", str(CONCURRENCY),
+                "--max-mamba-cache-size", "512",
+                "--max-total-tokens", "65536",
+                "--sampling-backend", "pytorch",  # flashinfer's sampler JIT-compiles for minutes
+            ]  # fmt: skip
+        backend = stock_backend() if self.backend == "stock" else "dspark"
+        return tiny_model_args(
+            self.gamma, spec=self.spec, attention_backend=backend, replayssm=self.replayssm, extra=extra
+        )
+
+    def env(self) -> Dict[str, str]:
+        return {"SGLANG_RAGGED_VERIFY_MODE": self.ragged} if self.gamma else {}
+
+    def expected_kernels(self) -> List[str]:
+        if self.backend != "dspark":
+            return []
+        if self.gamma is None:
+            return ["decode"]
+        if self.replayssm:
+            return ["mtp_verify (ring)", "replayssm_fold"]
+        return ["mtp_verify (snapshot)"]
+
+
+def configs(model: str) -> List[Served]:
+    out = [Served(model, "stock", "stock"), Served(model, "dspark-decode", "dspark")]
+    for gamma in (3, 7):
+        for replayssm in (False, True):
+            commit = "replayssm" if replayssm else "snapshot"
+            out.append(Served(model, f"dspark-g{gamma}-{commit}-static", "dspark", gamma, replayssm))
+            if not ON_CPU:
+                out.append(
+                    Served(model, f"dspark-g{gamma}-{commit}-compact", "dspark", gamma, replayssm,
+                           ragged="compact", sps_table=True)
+                )  # fmt: skip
+    if ON_CPU:  # dry run: one speculative configuration is enough
+        out = out[:3]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Prompts
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prompts:
+    ids: List[List[int]]  # NUM_PROMPTS prompts of PROMPT_LEN token ids
+    reference: List[List[int]]  # float64 greedy continuation of each
+    min_margin: List[float]  # smallest top-1/top-2 margin along it
+    candidates: int  # how many random prompts were drawn to find them
+
+
+def robust_prompts(spec: tiny_models.ModelSpec, n: int = NUM_PROMPTS, batch: int = 256) -> Prompts:
+    """The first ``n`` seeded random prompts (emittable tokens) whose float64 greedy continuation
+    keeps a margin of ``MIN_MARGIN`` at every token (module docstring)."""
+    from safetensors.torch import load_file
+
+    model_dir = tiny_models.default_out_dir() / spec.target_dir
+    device = "cuda" if torch.cuda.is_available() else None
+    ref = tiny_models.ReferenceTarget(load_file(str(model_dir / tiny_models.WEIGHTS_FILE)), spec, device=device)
+    emittable = tiny_models.emittable_tokens().nonzero().flatten()
+    gen = torch.Generator().manual_seed(PROMPT_SEED)
+    out = Prompts([], [], [], 0)
+    while len(out.ids) < n:
+        if out.candidates >= 64 * n:
+            raise RuntimeError(f"only {len(out.ids)} of {n} prompts without near-ties in {out.candidates}")
+        ids = emittable[torch.randint(len(emittable), (batch, PROMPT_LEN), generator=gen)]
+        with torch.no_grad():
+            tokens, margins = ref.greedy(ids, OUTPUT_LEN)
+        out.candidates += batch
+        for row in (margins.min(1).values >= MIN_MARGIN).nonzero().flatten().tolist()[: n - len(out.ids)]:
+            out.ids.append(ids[row].tolist())
+            out.reference.append(tokens[row].tolist())
+            out.min_margin.append(float(margins[row].min()))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Workload
+# ----------------------------------------------------------------------------------------------
+
+
+def _generate(server: SGLangServer, ids: List[int], logprobs: bool) -> dict:
+    payload = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": OUTPUT_LEN, "temperature": 0},
+    }
+    if logprobs:  # the baseline's top-2 log-probabilities: their gap is the logit margin
+        payload.update(return_logprob=True, top_logprobs_num=2)
+    out = server.post_json("/generate", payload)
+    meta = out["meta_info"]
+    row = {
+        "output_ids": out["output_ids"],
+        "text": out["text"],
+        "spec_verify_ct": meta.get("spec_verify_ct", 0),
+        "spec_num_correct_drafts": meta.get("spec_num_correct_drafts"),
+        "spec_correct_drafts_histogram": meta.get("spec_correct_drafts_histogram"),
+        "spec_cap_length": meta.get("spec_cap_length"),
+    }
+    if logprobs:
+        tops = meta["output_top_logprobs"]
+        row["top2"] = [[(float(lp), int(tok)) for lp, tok, *_ in pos[:2]] for pos in tops]
+    return row
+
+
+def _completion(server: SGLangServer, ids: List[int]) -> dict:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.base_url + "/v1", api_key="EMPTY", timeout=600, max_retries=0)
+    model = client.models.list().data[0].id
+    resp = client.completions.create(model=model, prompt=ids, max_tokens=OUTPUT_LEN, temperature=0)
+    return {"text": resp.choices[0].text, "completion_tokens": resp.usage.completion_tokens}
+
+
+def run_workload(server: SGLangServer, prompts: Prompts, logprobs: bool) -> dict:
+    """Requests of one server: ``wave64`` (every prompt once, then repeats, all at once),
+    ``wave5`` (prompts 0..4 at once), ``openai`` (two /v1/completions, one at a time). Each
+    /generate row is keyed by its prompt index."""
+    n = len(prompts.ids)
+    wave = [i % n for i in range(max(CONCURRENCY, n))]
+    result: dict = {}
+    for name, order in (("wave64", wave), ("wave5", list(range(5)))):
+        with ThreadPoolExecutor(max_workers=len(order)) as pool:
+            futures = [pool.submit(_generate, server, prompts.ids[i], logprobs) for i in order]
+            result[name] = [dict(prompt=i, **f.result(timeout=900)) for i, f in zip(order, futures)]
+    result["openai"] = [dict(prompt=i, **_completion(server, prompts.ids[i])) for i in (0, 1)]
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# The fleet
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    served: Served
+    results: dict = field(default_factory=dict)
+    log: str = ""
+    error: str = ""
+    startup_s: Optional[float] = None
+    workload_s: Optional[float] = None
+
+
+def _serve(served: Served, prompts: Prompts, gate: threading.Semaphore) -> Run:
+    run = Run(served)
+    with gate:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        log_path = LOG_DIR / f"{served.id}.log"
+        log_path.unlink(missing_ok=True)
+        server = SGLangServer(served.args(), env=served.env(), log_path=log_path, name=served.id,
+                              startup_timeout=1200, progress_every=60)  # fmt: skip
+        try:
+            server.start()
+            run.startup_s = server.startup_seconds
+            t0 = time.monotonic()
+            run.results = run_workload(server, prompts, logprobs=served.backend == "stock")
+            run.workload_s = time.monotonic() - t0
+        except BaseException as exc:  # noqa: BLE001 - reported by the tests
+            run.error = f"{type(exc).__name__}: {exc}"[-4000:]
+        finally:
+            server.stop()
+            run.log = server.log_text()
+        # One file per run as it ends: a run cut short by a time limit keeps what finished.
+        (LOG_DIR / f"{served.id}.json").write_text(json.dumps(_run_summary(run), indent=1))
+    return run
+
+
+def _run_summary(run: Run) -> dict:
+    return dict(config=run.served.__dict__, error=run.error, startup_s=run.startup_s,
+                workload_s=run.workload_s, results=run.results)  # fmt: skip
+
+
+def run_fleet(models: List[str]) -> tuple:
+    """Prompts per model, then every configuration served and measured; returns
+    ``(prompts by model, runs by Served.id)``. Also writes ``LOG_DIR/fleet.json``."""
+    prompts: Dict[str, Prompts] = {}
+    todo: List[Served] = []
+    for model in models:
+        spec = tiny_models.SPECS[model]
+        tiny_models.ensure_models(spec, log=lambda m: print(f"[models] {m}", flush=True))
+        t0 = time.monotonic()
+        prompts[model] = robust_prompts(spec)
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        (LOG_DIR / f"prompts-{model}.json").write_text(json.dumps(prompts[model].__dict__))
+        print(f"[prompts] {model}: {len(prompts[model].ids)} of {prompts[model].candidates} candidates "
+              f"in {time.monotonic() - t0:.0f} s", flush=True)  # fmt: skip
+        todo += [s for s in configs(model) if not s.skip_reason()]
+    gate = threading.Semaphore(PARALLEL)
+    with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+        futures = {s.id: pool.submit(_serve, s, prompts[s.model], gate) for s in todo}
+        runs = {sid: f.result() for sid, f in futures.items()}
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "prompts": {m: p.__dict__ for m, p in prompts.items()},
+        "runs": {sid: _run_summary(r) for sid, r in runs.items()},
+    }
+    (LOG_DIR / "fleet.json").write_text(json.dumps(summary, indent=1))
+    return prompts, runs
+
+
+# ----------------------------------------------------------------------------------------------
+# Comparison with the baseline
+# ----------------------------------------------------------------------------------------------
+
+NEAR_TIE = 0.05  # logits: a baseline margin this small may flip under any rounding difference
+
+
+def divergence(got: List[int], baseline: dict) -> Optional[dict]:
+    """None when ``got`` equals the baseline's tokens; else where and how they first differ, with
+    ``near_tie`` True when the baseline's own top-2 gap there is below ``NEAR_TIE`` and ``got``
+    took the baseline's runner-up (a rounding flip, not a wrong state)."""
+    want = baseline["output_ids"]
+    if got == want:
+        return None
+    pos = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    info = {"position": pos, "got": got, "want": want, "near_tie": False}
+    top2 = baseline.get("top2") or []
+    if pos < len(top2) and pos < len(got) and len(top2[pos]) == 2:
+        (lp1, _), (lp2, runner_up) = top2[pos]
+        info["baseline_gap"] = lp1 - lp2
+        info["near_tie"] = lp1 - lp2 < NEAR_TIE and got[pos] == runner_up
+    return info
