@@ -86,6 +86,7 @@ def server_args(cfg: Config, args) -> List[str]:
         "--max-mamba-cache-size", str(8 * max_c),
         "--max-total-tokens", str(4 * max_c * (args.prompt_len + args.output_len)),
         "--sampling-backend", "pytorch",
+        "--tp-size", str(args.tp_size),
     ]  # fmt: skip
     backend = full_attention_delegate() if cfg.backend == "stock" else "dspark"
     return tiny_model_args(
@@ -193,51 +194,98 @@ def kda_share(trace_dir: str) -> dict:
     }
 
 
-def profile(server: SGLangServer, prompts: List[List[int]], args, out_dir: str) -> dict:
-    """Torch-profile ``--profile-steps`` steps at ``--profile-concurrency`` under load."""
+def profile(server: SGLangServer, args, out_dir: str) -> dict:
+    """Torch-profile ``--profile-steps`` forward steps under load at ``--profile-concurrency``.
+
+    The load (``16 x concurrency`` requests) outlasts the steps; if no trace appeared when it
+    ends, ``/stop_profile`` writes it."""
+    import torch
+
     os.makedirs(out_dir, exist_ok=True)
-    done = threading.Event()
-    load = threading.Thread(
-        target=lambda: (measure_level(server.base_url, prompts, args.profile_concurrency, args.output_len), done.set())
-    )
+    c = args.profile_concurrency
+    prompts = _prompts(16 * c, args.prompt_len, seed=999)
+    load = threading.Thread(target=measure_level, args=(server.base_url, prompts, c, args.output_len))
     load.start()
-    time.sleep(2.0)  # past prefill, into steady decode / verify
-    server.post_json("/start_profile", {"output_dir": out_dir, "num_steps": args.profile_steps, "activities": ["GPU"]})
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not glob.glob(os.path.join(out_dir, "**", "*.json*"), recursive=True):
-        time.sleep(1.0)
-    time.sleep(3.0)  # let the writer finish
+    time.sleep(1.0)  # past the first prefills, into steady decode / verify
+    activities = ["GPU"] if torch.cuda.is_available() else ["CPU"]  # CPU: dry run of the harness
+    _post_text(server, "/start_profile", {"output_dir": out_dir, "num_steps": args.profile_steps, "activities": activities})
     load.join()
+
+    def traces():
+        return glob.glob(os.path.join(out_dir, "**", "*.json*"), recursive=True)
+
+    if not traces():
+        _post_text(server, "/stop_profile", {})
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not traces():
+        time.sleep(1.0)
+    time.sleep(2.0)  # the exporter writes the file in one go; let it finish
     return kda_share(out_dir)
 
 
-def run_config(cfg: Config, args, prompts: Dict[int, List[List[int]]], gate: threading.Semaphore,
-               start_gate: threading.Semaphore, log_dir: str) -> dict:  # fmt: skip
-    """Start (in parallel with the others), then measure alone (``gate``), then stop."""
-    row: dict = {"config": cfg.__dict__, "levels": []}
-    server = SGLangServer(server_args(cfg, args), log_path=os.path.join(log_dir, f"{cfg.name}.log"),
-                          name=cfg.name, startup_timeout=1200, progress_every=60)  # fmt: skip
-    try:
-        with start_gate:
+def _post_text(server: SGLangServer, path: str, payload: dict) -> str:
+    req = urllib.request.Request(server.base_url + path, data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")  # fmt: skip
+    with urllib.request.urlopen(req, timeout=300) as resp:  # SGLang answers these in plain text
+        return resp.read().decode(errors="replace")
+
+
+def start_all(configs: List[Config], args) -> Dict[str, dict]:
+    """Start every server in parallel and wait for all of them: nothing is measured while a server
+    compiles or captures graphs (that skewed a concurrent measurement by tens of percent)."""
+    runs: Dict[str, dict] = {cfg.name: {"config": cfg.__dict__, "samples": {}, "server": None} for cfg in configs}
+
+    def start(cfg: Config) -> None:
+        run = runs[cfg.name]
+        server = SGLangServer(server_args(cfg, args), log_path=os.path.join(args.log_dir, f"{cfg.name}.log"),
+                              name=cfg.name, startup_timeout=1200, progress_every=60)  # fmt: skip
+        try:
             server.start()
-        row["startup_s"] = server.startup_seconds
-        with gate:
-            warm = prompts[max(args.concurrency)][: max(args.concurrency)]
-            measure_level(server.base_url, warm, max(args.concurrency), 8)  # warm every batch size
-            for c in args.concurrency:
-                level = measure_level(server.base_url, prompts[c], c, args.output_len)
-                print(f"[{cfg.name}] c={c}: {level['tokens_per_s']:.0f} tok/s, ITL {level['median_itl_ms']:.2f} ms, "
-                      f"accept {level['accept_length']}", flush=True)  # fmt: skip
-                row["levels"].append(level)
-            if args.profile:
-                row["profile"] = profile(server, prompts[args.profile_concurrency], args,
-                                         os.path.join(log_dir, f"profile-{cfg.name}"))  # fmt: skip
-    except BaseException as exc:  # noqa: BLE001 - recorded in the results
-        row["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
-        print(f"[{cfg.name}] ERROR {row['error']}", flush=True)
-    finally:
-        server.stop()
-    return row
+            run["server"], run["startup_s"] = server, server.startup_seconds
+        except BaseException as exc:  # noqa: BLE001 - recorded in the results
+            run["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
+            server.stop()
+
+    with ThreadPoolExecutor(max_workers=len(configs)) as pool:
+        list(pool.map(start, configs))
+    return runs
+
+
+def measure_all(runs: Dict[str, dict], args, save) -> None:
+    """``--repeats`` rounds; in each, every concurrency level of every live server, one at a time,
+    round-robin, on fresh prompts (no radix-cache hits across rounds). Saves after each round."""
+    live = {name: run for name, run in runs.items() if run.get("server")}
+    top = max(args.concurrency)
+    for run in live.values():  # warm every batch size once
+        measure_level(run["server"].base_url, _prompts(top, args.prompt_len, seed=7), top, 8)
+    for rep in range(args.repeats):
+        for c in args.concurrency:
+            prompts = _prompts(max(16, 8 * c), args.prompt_len, seed=1000 * (rep + 1) + c)
+            for name, run in live.items():
+                level = measure_level(run["server"].base_url, prompts, c, args.output_len)
+                run["samples"].setdefault(str(c), []).append(level)
+                print(f"[{name}] round {rep + 1} c={c}: {level['tokens_per_s']:.0f} tok/s, "
+                      f"ITL {level['median_itl_ms']:.2f} ms, accept {level['accept_length']}", flush=True)  # fmt: skip
+        save()
+
+
+def summarize(run: dict) -> List[dict]:
+    """Per concurrency: the median over rounds of tokens/s and of the median ITL, with the spread."""
+    levels = []
+    for c, samples in sorted(run["samples"].items(), key=lambda kv: int(kv[0])):
+        tps = [s["tokens_per_s"] for s in samples]
+        accepts = [s["accept_length"] for s in samples if s["accept_length"]]
+        levels.append({
+            "concurrency": int(c),
+            "tokens_per_s": statistics.median(tps),
+            "tokens_per_s_min": min(tps),
+            "tokens_per_s_max": max(tps),
+            "median_itl_ms": statistics.median(s["median_itl_ms"] for s in samples),
+            "median_ttft_ms": statistics.median(s["median_ttft_ms"] for s in samples),
+            "accept_length": statistics.mean(accepts) if accepts else None,
+            "rounds": len(samples),
+        })  # fmt: skip
+    return levels
 
 
 def render(result: dict) -> str:
@@ -294,8 +342,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=2, help="measurement rounds (the median is reported)")
+    p.add_argument("--tp-size", type=int, default=1, help="tensor parallelism of every server")
     p.add_argument("--configs", default=",".join(c.name for c in CONFIGS))
-    p.add_argument("--parallel-starts", type=int, default=6)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-concurrency", type=int, default=32)
     p.add_argument("--profile-steps", type=int, default=20)
@@ -307,16 +356,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     import torch
 
     os.makedirs(args.log_dir, exist_ok=True)
+    os.makedirs(args.out, exist_ok=True)
     tiny_models.ensure_models(tiny_models.SPECS[args.model], log=lambda m: print(f"[models] {m}", flush=True))
-    prompts = {c: _prompts(max(8, 4 * c), args.prompt_len, seed=1000 + c) for c in set(args.concurrency)}
-    if args.profile:
-        c = args.profile_concurrency
-        prompts.setdefault(c, _prompts(max(8, 4 * c), args.prompt_len, seed=1000 + c))
     chosen = [c for c in CONFIGS if c.name in args.configs.split(",")]
-    gate, start_gate = threading.Semaphore(1), threading.Semaphore(args.parallel_starts)
-    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
-        futures = {c.name: pool.submit(run_config, c, args, prompts, gate, start_gate, args.log_dir) for c in chosen}
-        runs = {name: f.result() for name, f in futures.items()}
     result = {
         "date": datetime.date.today().isoformat(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
@@ -325,11 +367,29 @@ def main(argv: Optional[List[str]] = None) -> int:
         "driver": subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                  capture_output=True, text=True).stdout.strip() if torch.cuda.is_available() else None,
         "args": vars(args),
-        "runs": runs,
+        "runs": {},
     }  # fmt: skip
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "serving.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    runs = start_all(chosen, args)
+
+    def save() -> None:  # after every round: a run cut short keeps what it measured
+        for name, run in runs.items():
+            row = {k: v for k, v in run.items() if k != "server"}
+            row["levels"] = summarize(run)
+            result["runs"][name] = row
+        with open(os.path.join(args.out, "serving.json"), "w") as f:
+            json.dump(result, f, indent=1)
+
+    try:
+        measure_all(runs, args, save)
+        if args.profile:
+            for name, run in runs.items():
+                if run.get("server"):
+                    run["profile"] = profile(run["server"], args, os.path.join(args.log_dir, f"profile-{name}"))
+                    save()
+    finally:
+        with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+            list(pool.map(lambda run: run["server"] and run["server"].stop(), runs.values()))
+    save()
     table = render(result)
     with open(os.path.join(args.out, "serving.md"), "w") as f:
         f.write(table + "\n")

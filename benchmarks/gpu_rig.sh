@@ -35,6 +35,9 @@ export TRITON_CACHE_DIR=/tmp/triton-cache
 if [ ! -d "$TRITON_CACHE_DIR" ] && [ -f .rig/triton-cache.tgz ]; then
   mkdir -p "$TRITON_CACHE_DIR" && tar -C "$TRITON_CACHE_DIR" -xzf .rig/triton-cache.tgz
 fi
+# SGLang's Rust radix TreeCore is built for the pinned torch 2.14; on the rig's torch 2.11 it
+# panics inserting a prefix checkpoint ("Unsupported TypeMeta"): use SGLang's Python TreeCore.
+export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=${SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND:-python}
 # Multi-GPU machines: NVLink multicast stays off (the device tool's README).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 

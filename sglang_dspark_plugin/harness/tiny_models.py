@@ -53,7 +53,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 WEIGHTS_FILE = "model.safetensors"
 SEED = 20261130

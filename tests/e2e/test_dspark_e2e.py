@@ -207,7 +207,9 @@ def test_speculation_exercised(spec):
         shortest_window = min(shortest_window, meta.get("spec_cap_length", gamma + 1))
     assert accepted_any >= 1, "no verify step accepted more than the bonus token"
     if spec.config.sps_table:
-        assert shortest_window < gamma + 1, "the compact scheduler never picked a short window"
+        # spec_cap_length = mean verify_lens per request; a mean below gamma means windows shorter
+        # than full ones whether verify_lens counts the anchor or not
+        assert shortest_window < gamma, "the compact scheduler never picked a short window"
 
 
 def test_completions_lossless(spec, baseline):

@@ -48,6 +48,9 @@ CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 32]  # 64 concurrent requests run eager; 5 pad 
 PARALLEL = int(os.environ.get("DSPARK_GPU_E2E_PARALLEL", "1" if ON_CPU else "10"))
 LOG_DIR = Path(os.environ.get("DSPARK_GPU_E2E_LOG_DIR", "/tmp/dspark-gpu-e2e"))
 MODELS = ["tiny"] if ON_CPU else os.environ.get("DSPARK_GPU_E2E_MODELS", "kimi32,tiny").split(",")
+# Tensor parallelism of every server (TP=2: 16 KDA heads per rank on kimi32; needs 2 GPUs, and
+# then PARALLEL servers share them).
+TP_SIZE = int(os.environ.get("DSPARK_GPU_E2E_TP", "1"))
 
 # Log lines of the plugin (backend.py, plugin.py) and of SGLang the tests look for.
 PLUGIN_ACTIVE_MARK = "dspark: full-attention (MLA) layers use"
@@ -105,6 +108,8 @@ class Served:
                 "--max-total-tokens", "65536",
                 "--sampling-backend", "pytorch",  # flashinfer's sampler JIT-compiles for minutes
             ]  # fmt: skip
+            if TP_SIZE > 1:
+                extra += ["--tp-size", str(TP_SIZE)]
         backend = stock_backend() if self.backend == "stock" else "dspark"
         return tiny_model_args(
             self.gamma, spec=self.spec, attention_backend=backend, replayssm=self.replayssm, extra=extra
