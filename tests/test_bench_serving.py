@@ -1,0 +1,65 @@
+"""benchmarks/bench_serving.py without a server: the KDA share of a profiler trace, the summary of
+measurement rounds, and the rendered table."""
+
+import gzip
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+bench_serving = pytest.importorskip("bench_serving")
+
+
+def _trace(path, kernels):
+    events = [{"cat": "kernel", "name": name, "dur": dur} for name, dur in kernels]
+    events.append({"cat": "cpu_op", "name": "_mtp_verify_kernel", "dur": 1000.0})  # not a GPU kernel
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+
+
+def test_kda_share_counts_only_kda_core_kernels(tmp_path):
+    _trace(tmp_path / "a-TP-0.trace.json.gz", [
+        ("_verify_prep_kernel", 30.0), ("_verify_stream_kernel", 20.0), ("_replayssm_fold_kernel", 10.0),
+        ("fused_recurrent_kda_packed_decode_kernel", 5.0), ("_causal_conv1d_update_kernel", 5.0),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", 100.0), ("flash_fwd_kernel", 30.0),
+    ])  # fmt: skip
+    share = bench_serving.kda_share(str(tmp_path))
+    assert share["trace_files"] == 1
+    assert share["kernel_us"] == pytest.approx(200.0)
+    assert share["kda_us"] == pytest.approx(70.0)
+    assert share["kda_share"] == pytest.approx(0.35)
+    assert set(share["kda_kernels_us"]) == {
+        "_verify_prep_kernel", "_verify_stream_kernel", "_replayssm_fold_kernel",
+        "fused_recurrent_kda_packed_decode_kernel", "_causal_conv1d_update_kernel",
+    }  # fmt: skip
+
+
+def test_summary_is_the_median_of_rounds_with_spread():
+    samples = [
+        {"tokens_per_s": tps, "median_itl_ms": itl, "median_ttft_ms": 10.0, "accept_length": acc}
+        for tps, itl, acc in ((100.0, 3.0, 2.0), (300.0, 1.0, 2.5), (200.0, 2.0, None))
+    ]
+    (level,) = bench_serving.summarize({"samples": {"8": samples}})
+    assert (level["concurrency"], level["rounds"]) == (8, 3)
+    assert (level["tokens_per_s"], level["tokens_per_s_min"], level["tokens_per_s_max"]) == (200.0, 100.0, 300.0)
+    assert level["median_itl_ms"] == 2.0
+    assert level["accept_length"] == pytest.approx(2.25)
+
+
+def test_table_shows_speedup_over_stock_and_errors():
+    level = lambda c, tps: {"concurrency": c, "tokens_per_s": tps, "median_itl_ms": 2.0, "accept_length": None}  # noqa: E731
+    result = {
+        "args": {"concurrency": [1, 8]},
+        "runs": {
+            "stock": {"levels": [level(1, 100.0), level(8, 400.0)]},
+            "dspark": {"levels": [level(1, 150.0), level(8, 400.0)], "profile": {"kda_share": 0.25}},
+            "stock-dspark": {"error": "ServerStartError: boom", "levels": []},
+        },
+    }
+    table = bench_serving.render(result).splitlines()
+    assert table[0].startswith("| config | c=1 tok/s | c=8 tok/s |")
+    assert "| dspark | 150 (1.50x) | 400 (1.00x) | 2.00 | 2.00 | - | 25% |" in table
+    assert any(row.startswith("| stock-dspark | error: ServerStartError: boom") for row in table)
