@@ -310,7 +310,10 @@ def render(result: dict) -> str:
 
 
 def plot(result: dict, path: str) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:  # not a dependency of the plugin; the GPU rig's image has it
+        raise SystemExit(f"--plot needs matplotlib ({exc}); serving.json and serving.md are written") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
