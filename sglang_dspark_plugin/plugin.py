@@ -29,21 +29,20 @@ line naming what it registered, or one error naming what is missing.
 from __future__ import annotations
 
 import logging
-import os
 
 from .errors import dspark_error
+from .settings import FULL_ATTN_BACKEND_ENV, full_attn_backend_override
 
 logger = logging.getLogger("sglang_dspark_plugin")
 
 BACKEND_NAME = "dspark"
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 HOOK_TARGET = "sglang.srt.layers.attention.attention_registry.attn_backend_wrapper"
-FULL_ATTN_OVERRIDE_ENV = "SGLANG_DSPARK_FULL_ATTN_BACKEND"
 
 
 def full_attention_delegate() -> str:
     """Name of the stock SGLang backend that serves the MLA / full-attention layers here."""
-    override = os.environ.get(FULL_ATTN_OVERRIDE_ENV)
+    override = full_attn_backend_override()
     if override:
         return override
     from sglang.srt.runtime_context import get_platform
@@ -239,7 +238,7 @@ def _register() -> str:
             f"full-attention delegate {delegate!r}",
             expected="a backend name SGLang registered (e.g. fa3, flashinfer, triton)",
             got=f"{delegate!r}",
-            fix=f"unset {FULL_ATTN_OVERRIDE_ENV} or set it to one of SGLang's attention backends",
+            fix=f"unset {FULL_ATTN_BACKEND_ENV} or set it to one of SGLang's attention backends",
         )
     if BACKEND_NAME not in choices.ATTENTION_BACKEND_CHOICES:
         choices.add_attention_backend_choices([BACKEND_NAME])

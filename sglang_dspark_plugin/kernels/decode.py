@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..settings import HEAD_DIM
 from . import launch_config as LC
 from . import validation as V
 from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _load_conv_window,
@@ -159,7 +160,7 @@ def decode(
     V.check_ssm_state("ssm_state", ssm_state, H, layered=False)
     V.check_conv_state("conv_state", conv_state, H, act, layered=False)
     if out is None:
-        out = torch.empty((1, T, H, V.HEAD_DIM), dtype=act, device=dev)
+        out = torch.empty((1, T, H, HEAD_DIM), dtype=act, device=dev)
     else:
         V.check_out(out, T, H, act)
     V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,

@@ -12,12 +12,9 @@ where it matters).
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+from ..settings import interpreting, pdl_enabled
 
 
 def pdl_kwargs(device) -> dict:
@@ -27,7 +24,7 @@ def pdl_kwargs(device) -> dict:
         return {}
     import torch
 
-    if torch.cuda.get_device_capability(device)[0] < 9 or os.environ.get("DSPARK_KERNELS_PDL", "1") == "0":
+    if torch.cuda.get_device_capability(device)[0] < 9 or not pdl_enabled():
         return {}
     return dict(USE_PDL=True, launch_pdl=True)
 

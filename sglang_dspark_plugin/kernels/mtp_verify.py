@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..settings import HEAD_DIM
 from . import launch_config as LC
 from . import validation as V
 from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _load_conv_window,
@@ -332,7 +333,7 @@ def mtp_verify(
         V.check_rings(ring_rawv, ring_rawk, ring_g, ring_beta, H, steps, act, layered=False,
                       slots=ssm_state.shape[0])
     if out is None:
-        out = torch.empty((1, T, H, V.HEAD_DIM), dtype=act, device=dev)
+        out = torch.empty((1, T, H, HEAD_DIM), dtype=act, device=dev)
     else:
         V.check_out(out, T, H, act)
     V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
@@ -378,7 +379,7 @@ def mtp_verify(
         rv = rk = rg = rb = ssm_state
         ring_strides = (0,) * 12
 
-    grid = (V.HEAD_DIM // BV, N, H)
+    grid = (HEAD_DIM // BV, N, H)
     _mtp_verify_kernel[grid](
         q, k, v, a, b, out,
         conv_weight, A_flat, dt_flat,

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..settings import HEAD_DIM
 from . import launch_config as LC
 from . import validation as V
 from .common import _delta_step, _l2norm, _pdl_enter
@@ -182,7 +183,7 @@ def replayssm_fold(
     for name, t in (("ring_rawv", ring_rawv), ("ring_rawk", ring_rawk)):
         V.check_tensor(name, t, V.E_RING)
     act = ring_rawv.dtype
-    if act not in V.ACT_DTYPES:
+    if act not in V.ACTIVATION_DTYPES:
         raise V.dspark_error(V.E_RING, "ring_rawv", expected="bfloat16 or float32", got=str(act),
                              fix="pass the pool's replayssm_rawv ring (activation dtype)")
     L = V.check_rings(ring_rawv, ring_rawk, ring_g, ring_beta, H, 1, act, layered=True, slots=slots, layers=layers)
@@ -245,7 +246,7 @@ def replayssm_fold(
         conv_strides, icw_strides, icw_steps = (0, 0, 0), (0, 0, 0, 0), 1
     tslot_ptr, tstep_ptr = (track_slot_indices, track_steps) if track else (slot_indices, slot_indices)
 
-    grid = (V.HEAD_DIM // BV, N, layers * H)
+    grid = (HEAD_DIM // BV, N, layers * H)
     _replayssm_fold_kernel[grid](
         ssm_state, rv, rk, rg, rb, slot_indices, accept_lens,
         conv_ptr, icw_ptr, irow_ptr, tslot_ptr, tstep_ptr,

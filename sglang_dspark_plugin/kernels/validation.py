@@ -15,11 +15,8 @@ from typing import Optional, Sequence
 import torch
 
 from sglang_dspark_plugin.errors import dspark_error
+from sglang_dspark_plugin.settings import ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM
 
-HEAD_DIM = 128
-CONV_WIDTH = 4
-
-ACT_DTYPES = (torch.bfloat16, torch.float32)
 INDEX_DTYPE = torch.int32
 
 # One code per distinct problem; docs/kernels.md keeps the same list.
@@ -130,7 +127,7 @@ def check_activations(tensors: Sequence[tuple], *, name_for_fix: str = "x") -> t
                 fix="these kernels are specialised for K = V = 128; use SGLang's generic KDA path "
                     "(the dspark backend falls back to it automatically for other head sizes)",
             )
-        if t.dtype not in ACT_DTYPES:
+        if t.dtype not in ACTIVATION_DTYPES:
             raise dspark_error(
                 E_DTYPE, name, expected="bfloat16 or float32", got=str(t.dtype),
                 fix=f"cast {name} to the model's activation dtype (bf16 in SGLang)",
@@ -163,7 +160,7 @@ def check_beta(b, T: int, H: int) -> None:
         fix = "a 2-D [T, H] tensor becomes [1, T, H] with b.unsqueeze(0)" if b.dim() == 2 else \
             f"reshape b to [1, {T}, {H}] (raw beta logits, one per token and head)"
         raise dspark_error(E_BETA_SHAPE, "b", expected=f"[1, {T}, {H}] (raw beta logits)", got=_shape(b), fix=fix)
-    if b.dtype not in ACT_DTYPES:
+    if b.dtype not in ACTIVATION_DTYPES:
         raise dspark_error(E_DTYPE, "b", expected="bfloat16 or float32", got=str(b.dtype),
                            fix="cast b to the activation dtype")
 

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-HEAD = 128
+from sglang_dspark_plugin.settings import HEAD_DIM as HEAD
 F64 = torch.float64
 
 
