@@ -24,12 +24,15 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)  # q/k/v/a/b, conv state, ri
 # --- environment variables --------------------------------------------------------------------
 
 FULL_ATTN_BACKEND_ENV = "SGLANG_DSPARK_FULL_ATTN_BACKEND"
+CPU_ENV = "SGLANG_DSPARK_CPU"
 PDL_ENV = "SGLANG_DSPARK_PDL"
 TINY_DIR_ENV = "SGLANG_DSPARK_TINY_DIR"
 
 ENV_VARS = {
     FULL_ATTN_BACKEND_ENV: "stock SGLang backend for the MLA / full-attention layers (default: fa3 on "
     "Hopper, flashinfer on Blackwell, else triton)",
+    CPU_ENV: "1 = install the CPU-only shims of harness/cpu_support.py (no-GPU runs of the harness: the "
+    "demo, the server launcher, the tests); unset, the plugin changes nothing outside dspark",
     PDL_ENV: "0 = launch the kernels without programmatic dependent launch (sm_90+; default on)",
     TINY_DIR_ENV: "where harness/tiny_models.py writes the tiny test models (default: configs/ of a "
     "source checkout, else the user cache)",
@@ -39,6 +42,11 @@ ENV_VARS = {
 def full_attn_backend_override() -> Optional[str]:
     """``SGLANG_DSPARK_FULL_ATTN_BACKEND``, or None when unset or empty."""
     return os.environ.get(FULL_ATTN_BACKEND_ENV) or None
+
+
+def cpu_requested() -> bool:
+    """``SGLANG_DSPARK_CPU=1``: the harness asks for the CPU-only shims (``harness/cpu_support.py``)."""
+    return os.environ.get(CPU_ENV) == "1"
 
 
 def pdl_enabled() -> bool:

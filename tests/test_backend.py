@@ -5,6 +5,9 @@ inputs, the layer's real ``RadixLinearAttention.forward`` and the hybrid's real 
 
 The oracle for every state is the float64 sequential reference (``kernels.reference``), and the
 "decode the accepted tokens one by one" run goes through the backend's own DECODE path.
+
+The module registers the plugin in-process, so it runs in a pytest process of its own
+(``own_process``, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ NUM_REQ = 3
 POOL = 4
 DTYPE = torch.float32  # fp32 activations: the 1e-5 state tolerance of the issue
 
+pytestmark = pytest.mark.own_process
+
 
 def rel_err(x, ref):
     x, ref = x.double(), ref.double()
@@ -38,7 +43,11 @@ def rel_err(x, ref):
 @pytest.fixture(scope="module", autouse=True)
 def registered():
     from sglang_dspark_plugin import register
+    from sglang_dspark_plugin.harness import cpu_support
 
+    # The harness's opt-in: without a GPU, SGLang's own KDA path (the fallback test) and its
+    # snapshot commit need the CPU-only patches. A no-op with CUDA.
+    cpu_support.apply()
     register()
 
 

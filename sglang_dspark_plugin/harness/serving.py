@@ -21,9 +21,9 @@ What the launcher does:
   scheduler crashed and spend ~65 s in "crash diagnostics"; killing only the launcher would
   orphan the scheduler and detokenizer. Also done at interpreter exit for servers still running.
 * on a machine **without a GPU** it adds what a CPU-only run needs (docs/e2e.md): the
-  environment ``TRITON_INTERPRET=1`` and the flags of ``cpu_flags()``; on CUDA it adds nothing.
+  environment of ``cpu_env()`` and the flags of ``cpu_flags()``; on CUDA it adds nothing.
   The CPU-only SGLang patches themselves (``cpu_support.py``) are installed inside the server's
-  processes by the plugin's ``register()``.
+  processes by the plugin's ``dspark_cpu`` entry point, which ``SGLANG_DSPARK_CPU=1`` turns on.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from ..settings import CPU_ENV
 from .tiny_models import DRAFT_DIR, TARGET_DIR, default_out_dir, ensure_tiny_models
 
 # Resource caps for a CPU-only run (each KDA/MLA state slot is tiny, but SGLang sizes its pools
@@ -93,9 +94,10 @@ def cpu_flags(*, speculative: bool) -> List[str]:
 
 
 def cpu_env() -> Dict[str, str]:
-    """Environment a CPU-only run needs: Triton's interpreter (there is no Triton CPU driver);
-    it must be set before Triton kernels are defined, i.e. in the server's environment."""
-    return {"TRITON_INTERPRET": "1"}
+    """Environment a CPU-only run needs: Triton's interpreter (there is no Triton CPU driver; it
+    must be set before Triton kernels are defined, i.e. in the server's environment) and the opt-in
+    to the CPU-only SGLang patches (``cpu_support.py``), which SGLang's processes inherit."""
+    return {"TRITON_INTERPRET": "1", CPU_ENV: "1"}
 
 
 def _flag_value(args: Sequence[str], flag: str) -> Optional[str]:
