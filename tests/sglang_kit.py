@@ -115,7 +115,6 @@ class KDARunner(ModelRunner):
         device: str = "cpu",
         dtype: torch.dtype = torch.bfloat16,
         max_context_len: int = 64,
-        ragged_verify_mode: str = "static",
     ):
         self.device = device
         self.dtype = dtype

@@ -168,9 +168,7 @@ def decode(
     cfg = LC.decode(H, B)
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
     warps = num_warps or cfg["num_warps"]
-    if impl not in (None, "auto", "rows"):
-        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto" or "rows"', got=repr(impl),
-                             fix="leave impl=None")
+    V.check_impl(impl, (None, "auto", "rows"))
     if B == 0:
         return out
     _decode_kernel[(B, H)](

@@ -341,9 +341,7 @@ def mtp_verify(
                    intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
                    intermediate_ssm=intermediate_ssm, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
                    ring_beta=ring_beta, out=out)
-    if impl not in (None, "auto", "chunked", "rows"):
-        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto", "chunked" or "rows"', got=repr(impl),
-                             fix="leave impl=None")
+    V.check_impl(impl, (None, "auto", "chunked", "rows"))
     # snapshot mode always runs the recurrent kernel: the chunked form computes outputs only
     cfg = (LC.verify_ring(H, N, steps, None if impl == "auto" else impl) if ring
            else dict(impl="rows", **LC.verify_rows(H, N, steps)))
@@ -355,7 +353,7 @@ def mtp_verify(
         return out
 
     if impl == "chunked":
-        BK = V.check_block_v(block_k if block_k is not None else cfg["block_k"])
+        BK = V.check_block_k(block_k if block_k is not None else cfg["block_k"])
         return launch_verify_ring_chunked(
             q, k, v, a, b, out, conv_weight=conv_weight, A_flat=A_flat, dt_flat=dt_flat,
             lower_bound=lower_bound, scale=scale, ssm_state=ssm_state, conv_state=conv_state,

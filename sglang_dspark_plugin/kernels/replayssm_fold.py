@@ -111,8 +111,7 @@ def replayssm_fold(
     conv_state: Optional[torch.Tensor] = None, intermediate_conv: Optional[torch.Tensor] = None,
     intermediate_rows: Optional[torch.Tensor] = None,
     track_slot_indices: Optional[torch.Tensor] = None, track_steps: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None, block_v: Optional[int] = None, num_warps: Optional[int] = None,
-    impl: Optional[str] = None,
+    block_v: Optional[int] = None, num_warps: Optional[int] = None, impl: Optional[str] = None,
 ) -> torch.Tensor:
     """Fold the accepted prefix of every request's verify rings into the persistent state, all layers.
 
@@ -150,8 +149,6 @@ def replayssm_fold(
         ``[N]`` int32 each: also write the state after step ``track_steps[n]`` (0-based; ``< 0`` or
         ``>= a`` = none) into ``ssm_state[:, track_slot_indices[n]]`` (SGLang's radix "track"
         snapshot; a track slot of ``-1`` is skipped).
-    scale : float, optional
-        Unused (the fold never reads q); accepted for signature symmetry.
     block_v, num_warps : int, optional
         Tuning knobs (defaults from :mod:`.launch_config`): V-tile rows per program, warps.
     impl : str, optional
@@ -168,7 +165,6 @@ def replayssm_fold(
     Grid ``(128 // block_v, N, layers * H)``; program (iv, n, layer*H + h) owns the state tile
     ``ssm_state[layer, slot, h, iv*block_v : (iv+1)*block_v, :]`` (no two programs share state rows).
     """
-    del scale
     V.check_tensor("ssm_state", ssm_state, V.E_SSM)
     single = ssm_state.dim() == 4
     if single:
@@ -199,9 +195,10 @@ def replayssm_fold(
         )
     with_conv = n_conv == 3
     if with_conv:
-        V.check_conv_state("conv_state", conv_state, H, conv_state.dtype if isinstance(conv_state, torch.Tensor)
-                           else act, layered=True)
-        V.check_intermediate_conv(intermediate_conv, H, 1, conv_state.dtype, layered=True)
+        # SGLang allocates the conv state, the verify's conv windows and the rings in one dtype
+        # (the pool's conv dtype); the fold copies conv windows byte for byte.
+        V.check_conv_state("conv_state", conv_state, H, act, layered=True)
+        V.check_intermediate_conv(intermediate_conv, H, 1, act, layered=True)
         V.check_index("intermediate_rows", intermediate_rows, N, what="scratch row per request")
         if conv_state.shape[0] != layers or intermediate_conv.shape[0] != layers or conv_state.shape[1] != slots:
             raise V.dspark_error(
@@ -225,9 +222,7 @@ def replayssm_fold(
                    slot_indices=slot_indices, accept_lens=accept_lens, conv_state=conv_state,
                    intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
                    track_slot_indices=track_slot_indices, track_steps=track_steps)
-    if impl not in (None, "auto", "rows"):
-        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto" or "rows"', got=repr(impl),
-                             fix="leave impl=None")
+    V.check_impl(impl, (None, "auto", "rows"))
     cfg = LC.fold(H, N, layers)
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
     warps = num_warps or cfg["num_warps"]
