@@ -357,6 +357,7 @@ def test_unknown_delegate_leaves_nothing_half_registered():
         ("compact", "sps.json", "triton", True),  # ragged windows on the triton MLA backend: crash
         ("compact", None, "triton", False),  # compact without an SPS table verifies full windows
         ("static", "sps.json", "triton", False),  # SGLang ignores the table under static
+        ("cap-accept", "sps.json", "triton", False),  # cap-accept verifies dense windows (caps the commit)
         ("compact", "sps.json", "fa3", False),  # fa3 / flashinfer read the ragged layout
         ("compact", "sps.json", "flashinfer", False),
     ],
