@@ -4,7 +4,8 @@ SGLang calls ``register()`` through the ``sglang.srt.plugins`` entry point in ev
 starts (launcher, scheduler, detokenizer), so everything here is idempotent and cheap: heavy
 SGLang modules (the KDA backend, the kernels) are imported only when a model is built.
 
-What registration does, and the SGLang internals it touches (all of them, on purpose listed here):
+What registration does, and the SGLang internals it touches (all of them, on purpose listed here;
+``SGLANG_INTERNALS`` below names each one):
 
 1. ``--attention-backend dspark`` becomes a valid choice
    (``sglang.srt.arg_groups.choices.ATTENTION_BACKEND_CHOICES``, shared with the decode/prefill
@@ -21,6 +22,13 @@ What registration does, and the SGLang internals it touches (all of them, on pur
    served with ``dspark`` it makes SGLang's hybrid construction build the plugin's KDA backend
    (``DSparkKDAAttnBackend``) for the linear layers, inside a hybrid subclass that commits verified
    state through the plugin. Other models, and draft workers, are untouched.
+5. For that one wrapped call (and only for dspark KDA models) the hook rebinds
+   ``kda_backend.KDAAttnBackend`` and ``hybrid_linear_attn_backend.HybridLinearAttnBackend`` to the
+   plugin's subclasses, which SGLang's wrapper imports at call time; it restores both afterwards.
+
+Besides, registration uses ``HookRegistry``'s private ``_hooks`` / ``_patched`` / ``_apply_target``
+and the ``_current_plugin_source`` context variable (read only: to find out whether
+``load_plugins()`` is running and to apply its own target on a direct call).
 
 Nothing else: every entry above answers only to the name ``dspark`` and the hook passes every other
 runner through, so a process that does not select ``dspark`` runs exactly SGLang's own code. The
@@ -44,6 +52,21 @@ logger = logging.getLogger("sglang_dspark_plugin")
 BACKEND_NAME = "dspark"
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 HOOK_TARGET = "sglang.srt.layers.attention.attention_registry.attn_backend_wrapper"
+
+# Every SGLang internal the plugin changes, in the order of the docstring above: what registration
+# adds an entry to, the hooked function, and the two names the hook swaps for the duration of the
+# wrapped call. docs/architecture.md lists the same; tests/test_plugin.py keeps the list, the doc,
+# this module's code and the installed SGLang in step.
+SGLANG_INTERNALS = (
+    "sglang.srt.arg_groups.choices.ATTENTION_BACKEND_CHOICES",
+    "sglang.srt.layers.attention.attention_registry.ATTENTION_BACKENDS",
+    "sglang.srt.models.deepseek_common.attention_backend_handler.AttentionBackendRegistry",
+    "sglang.srt.models.deepseek_common.utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS",
+    "sglang.srt.arg_groups.choices.CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS",
+    HOOK_TARGET,
+    "sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend",
+    "sglang.srt.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend",
+)
 
 
 def full_attention_delegate() -> str:

@@ -401,3 +401,40 @@ def test_product_never_imports_the_harness():
             if any("harness" in name for name in names):
                 offenders.append(f"{path.relative_to(package)}:{node.lineno}")
     assert not offenders, offenders
+
+
+def test_touched_sglang_internals_are_listed_in_step():
+    """plugin.SGLANG_INTERNALS, docs/architecture.md's list and the code agree: every entry exists in
+    the installed SGLang and is used by plugin.py, and every module attribute plugin.py rebinds (the
+    class swap in the hook) is an entry."""
+    import ast
+    import pathlib
+    import pkgutil
+    import re
+
+    from sglang_dspark_plugin import plugin
+
+    internals = plugin.SGLANG_INTERNALS
+    doc = (pathlib.Path(ROOT) / "docs" / "architecture.md").read_text()
+    listed = doc.split("<!-- sglang-internals -->", 1)[1].split("<!-- /sglang-internals -->", 1)[0]
+    assert re.findall(r"^- `(sglang\.[\w.]+)`", listed, flags=re.M) == list(internals)
+    assert plugin.HOOK_TARGET in internals
+
+    tree = ast.parse(pathlib.Path(plugin.__file__).read_text())
+    listing = next(n for n in tree.body if isinstance(n, ast.Assign)
+                   and any(getattr(t, "id", None) == "SGLANG_INTERNALS" for t in n.targets))
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    strings_outside_listing = {
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    } - {n.value for n in ast.walk(listing) if isinstance(n, ast.Constant)}
+    for dotted in internals:
+        pkgutil.resolve_name(dotted)  # exists in the installed SGLang
+        name = dotted.rsplit(".", 1)[1]
+        assert name in used or dotted in strings_outside_listing, f"{dotted} is listed but plugin.py never uses it"
+
+    rebound = {t.attr for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
+               for t in (t.elts if isinstance(t, ast.Tuple) else [t]) if isinstance(t, ast.Attribute)}
+    assert rebound <= {d.rsplit(".", 1)[1] for d in internals}, rebound
+
