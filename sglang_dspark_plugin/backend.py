@@ -31,12 +31,11 @@ from sglang.srt.runtime_context import get_spec
 from .commit import commit_verified_states
 from .errors import dspark_error
 from .kernels import decode, mtp_verify
-from .layout import HEAD_DIM, as_dense_beta, as_dense_heads, densify_verify_batch, split_mixed_qkv
+from .layout import as_dense_beta, as_dense_heads, densify_verify_batch, split_mixed_qkv
+from .settings import ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM
 
 logger = logging.getLogger("sglang_dspark_plugin")
 
-CONV_WIDTH = 4
-ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)
 _warned_reasons: set[str] = set()
 
 

@@ -28,8 +28,7 @@ from typing import Optional
 import torch
 
 from .errors import dspark_error
-
-HEAD_DIM = 128
+from .settings import HEAD_DIM
 
 
 def _shape(t: torch.Tensor) -> str:

@@ -4,7 +4,8 @@ SGLang calls ``register()`` through the ``sglang.srt.plugins`` entry point in ev
 starts (launcher, scheduler, detokenizer), so everything here is idempotent and cheap: heavy
 SGLang modules (the KDA backend, the kernels) are imported only when a model is built.
 
-What registration does, and the SGLang internals it touches (all of them, on purpose listed here):
+What registration does, and the SGLang internals it touches (all of them, on purpose listed here;
+``SGLANG_INTERNALS`` below names each one):
 
 1. ``--attention-backend dspark`` becomes a valid choice
    (``sglang.srt.arg_groups.choices.ATTENTION_BACKEND_CHOICES``, shared with the decode/prefill
@@ -21,6 +22,19 @@ What registration does, and the SGLang internals it touches (all of them, on pur
    served with ``dspark`` it makes SGLang's hybrid construction build the plugin's KDA backend
    (``DSparkKDAAttnBackend``) for the linear layers, inside a hybrid subclass that commits verified
    state through the plugin. Other models, and draft workers, are untouched.
+5. For that one wrapped call (and only for dspark KDA models) the hook rebinds
+   ``kda_backend.KDAAttnBackend`` and ``hybrid_linear_attn_backend.HybridLinearAttnBackend`` to the
+   plugin's subclasses, which SGLang's wrapper imports at call time; it restores both afterwards.
+
+Besides, registration uses ``HookRegistry``'s private ``_hooks`` / ``_patched`` / ``_apply_target``
+and the ``_current_plugin_source`` context variable (read only: to find out whether
+``load_plugins()`` is running and to apply its own target on a direct call).
+
+Nothing else: every entry above answers only to the name ``dspark`` and the hook passes every other
+runner through, so a process that does not select ``dspark`` runs exactly SGLang's own code. The
+test harness's CPU-only patches are not installed here (``harness/cpu_support.py``, a separate
+entry point that does nothing unless ``SGLANG_DSPARK_CPU=1``); no module of this product imports
+the harness.
 
 SGLang only logs exceptions raised by plugins, so ``register()`` checks its own work and logs one
 line naming what it registered, or one error naming what is missing.
@@ -29,21 +43,35 @@ line naming what it registered, or one error naming what is missing.
 from __future__ import annotations
 
 import logging
-import os
 
 from .errors import dspark_error
+from .settings import FULL_ATTN_BACKEND_ENV, full_attn_backend_override
 
 logger = logging.getLogger("sglang_dspark_plugin")
 
 BACKEND_NAME = "dspark"
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 HOOK_TARGET = "sglang.srt.layers.attention.attention_registry.attn_backend_wrapper"
-FULL_ATTN_OVERRIDE_ENV = "SGLANG_DSPARK_FULL_ATTN_BACKEND"
+
+# Every SGLang internal the plugin changes, in the order of the docstring above: what registration
+# adds an entry to, the hooked function, and the two names the hook swaps for the duration of the
+# wrapped call. docs/architecture.md lists the same; tests/test_plugin.py keeps the list, the doc,
+# this module's code and the installed SGLang in step.
+SGLANG_INTERNALS = (
+    "sglang.srt.arg_groups.choices.ATTENTION_BACKEND_CHOICES",
+    "sglang.srt.layers.attention.attention_registry.ATTENTION_BACKENDS",
+    "sglang.srt.models.deepseek_common.attention_backend_handler.AttentionBackendRegistry",
+    "sglang.srt.models.deepseek_common.utils.FORWARD_ABSORB_CORE_ATTENTION_BACKENDS",
+    "sglang.srt.arg_groups.choices.CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS",
+    HOOK_TARGET,
+    "sglang.srt.layers.attention.linear.kda_backend.KDAAttnBackend",
+    "sglang.srt.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend",
+)
 
 
 def full_attention_delegate() -> str:
     """Name of the stock SGLang backend that serves the MLA / full-attention layers here."""
-    override = os.environ.get(FULL_ATTN_OVERRIDE_ENV)
+    override = full_attn_backend_override()
     if override:
         return override
     from sglang.srt.runtime_context import get_platform
@@ -64,6 +92,10 @@ def _create_dspark_full_attention_backend(runner):
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
     delegate = full_attention_delegate()
+    if not _hook_installed():
+        # HookRegistry applies hooks after every plugin ran and only logs a failure; without the
+        # hook "dspark" would silently serve SGLang's own KDA backend.
+        raise _registration_error([f"hook on {HOOK_TARGET}"])
     check_ragged_verify_delegate(runner, delegate)
     logger.info("dspark: full-attention (MLA) layers use SGLang's %r backend", delegate)
     return ATTENTION_BACKENDS[delegate](runner)
@@ -188,8 +220,61 @@ def _hook_installed() -> bool:
     return False
 
 
+def _inside_load_plugins() -> bool:
+    """True while SGLang's ``load_plugins()`` runs the plugins: it sets the hook-source context
+    variable around each plugin call, and applies every registered hook once all plugins ran."""
+    from sglang.srt.plugins.hook_registry import _current_plugin_source
+
+    return _current_plugin_source.get() is not None
+
+
+def _apply_own_hook() -> None:
+    """Apply the hooks registered on ``HOOK_TARGET`` (ours, and any other plugin's on the same
+    function), as ``HookRegistry.apply_hooks()`` would, and nothing else: other plugins' targets
+    stay for their ``load_plugins()``. For a direct ``register()`` call (tests, embedding code)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    if HOOK_TARGET in HookRegistry._patched:
+        return
+    try:
+        HookRegistry._apply_target(HOOK_TARGET, HookRegistry._hooks[HOOK_TARGET])
+        HookRegistry._patched.add(HOOK_TARGET)
+    except Exception:  # reported as DSPARK-E002 by the check that follows
+        logger.exception("Failed to apply hooks to %s", HOOK_TARGET)
+
+
+def _hook_will_run() -> bool:
+    """Our hook runs, or will: it is in the live wrapper chain, or (inside ``load_plugins()``) it is
+    registered on a target that ``load_plugins()`` has still to patch."""
+    if _hook_installed():
+        return True
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    registered = [h for _, h, _ in HookRegistry._hooks.get(HOOK_TARGET, [])]
+    return (
+        _inside_load_plugins()
+        and HOOK_TARGET not in HookRegistry._patched
+        and _attn_backend_wrapper_hook in registered
+    )
+
+
+def _registration_error(missing):
+    return dspark_error(
+        "DSPARK-E002",
+        "registration",
+        expected="the choice, the factory and the hook all in place",
+        got="missing " + ", ".join(missing),
+        fix="another plugin or an SGLang change interferes; check the log lines above "
+        "(HookRegistry logs why a hook could not be applied)",
+    )
+
+
 def register() -> None:
-    """Entry point of ``[project.entry-points."sglang.srt.plugins"] dspark``. Idempotent."""
+    """Entry point of ``[project.entry-points."sglang.srt.plugins"] dspark``. Idempotent.
+
+    Called by ``load_plugins()`` it registers the hook and leaves applying it to
+    ``load_plugins()`` (which applies all plugins' hooks after the last plugin ran); called
+    directly it applies the hooks of its own target at once, so the call is complete."""
     try:
         delegate = _register()
     except Exception as exc:
@@ -207,10 +292,6 @@ def register() -> None:
 
 
 def _register() -> str:
-    from .harness import cpu_support
-
-    cpu_support.apply()  # no-op when a GPU is present
-
     import sglang
 
     version = getattr(sglang, "__version__", "unknown")
@@ -239,7 +320,7 @@ def _register() -> str:
             f"full-attention delegate {delegate!r}",
             expected="a backend name SGLang registered (e.g. fa3, flashinfer, triton)",
             got=f"{delegate!r}",
-            fix=f"unset {FULL_ATTN_OVERRIDE_ENV} or set it to one of SGLang's attention backends",
+            fix=f"unset {FULL_ATTN_BACKEND_ENV} or set it to one of SGLang's attention backends",
         )
     if BACKEND_NAME not in choices.ATTENTION_BACKEND_CHOICES:
         choices.add_attention_backend_choices([BACKEND_NAME])
@@ -250,24 +331,18 @@ def _register() -> str:
     registered = [h for _, h, _ in HookRegistry._hooks.get(HOOK_TARGET, [])]
     if _attn_backend_wrapper_hook not in registered:
         HookRegistry.register(HOOK_TARGET, _attn_backend_wrapper_hook, HookType.AROUND)
-    # load_plugins() applies hooks after all plugins ran; applying here too makes a direct
-    # register() call (tests, embedding code) complete. Patched targets are skipped.
-    HookRegistry.apply_hooks()
+    if not _inside_load_plugins():
+        # Applying all hooks here (HookRegistry.apply_hooks) would patch other plugins' targets
+        # before load_plugins() has run every plugin; apply only the target we hook.
+        _apply_own_hook()
 
     missing = []
     if choices.ATTENTION_BACKEND_CHOICES.count(BACKEND_NAME) != 1:
         missing.append("attention-backend choice")
     if BACKEND_NAME not in ATTENTION_BACKENDS:
         missing.append("ATTENTION_BACKENDS factory")
-    if not _hook_installed():
+    if not _hook_will_run():
         missing.append(f"hook on {HOOK_TARGET}")
     if missing:
-        raise dspark_error(
-            "DSPARK-E002",
-            "registration",
-            expected="the choice, the factory and the hook all in place",
-            got="missing " + ", ".join(missing),
-            fix="another plugin or an SGLang change interferes; check the log lines above "
-            "(HookRegistry logs why a hook could not be applied)",
-        )
+        raise _registration_error(missing)
     return delegate

@@ -3,10 +3,20 @@
 Without a GPU, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` must be set
 before any ``@triton.jit`` function is defined, so it is set here, before test modules import
 the kernels. ``gpu`` tests are skipped without CUDA.
+
+Tests marked ``own_process`` change process-wide state (they call the plugin's ``register()`` and
+install the CPU-only patches in-process), which must not leak into the other tests of the run.
+They run together in one child pytest (``_OwnProcessRun``, started by the first of them; they share
+that state, as they share what they need of it): the parent collects them as usual (ids, ``-k``,
+``-x`` and the summary work as for any test) but runs neither their fixtures nor their bodies; each
+reports the outcome the child gave it.
 """
 
+import json
 import os
+import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -18,6 +28,14 @@ if not HAS_CUDA:
 # tests/sglang_kit.py is imported by several test folders.
 sys.path.insert(0, os.path.dirname(__file__))
 
+_CHILD_REPORT = "DSPARK_TEST_CHILD_REPORT"  # set in the child: where it writes its outcomes
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "own_process: runs in a child pytest of its own test module (changes process-wide state)"
+    )
+
 
 # DSPARK_GPU_E2E_ON_CPU=1: dry-run the GPU end-to-end harness (tests/gpu) on CPU, tiny model only.
 GPU_E2E_DRY_RUN = os.environ.get("DSPARK_GPU_E2E_ON_CPU") == "1"
@@ -25,11 +43,66 @@ GPU_E2E_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu")
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
+    if not HAS_CUDA:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if GPU_E2E_DRY_RUN and str(item.fspath).startswith(GPU_E2E_DIR):
+                continue
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    if os.environ.get(_CHILD_REPORT):
+        return  # the child runs its tests itself
+    own = [item for item in items if item.get_closest_marker("own_process")]
+    run = _OwnProcessRun([item.nodeid for item in own], exitfirst=config.getoption("maxfail") == 1)
+    for item in own:
+        # Fixtures and body run in the child; here the item only reports the child's outcome.
+        item.setup = item.teardown = lambda: None
+        item.runtest = lambda nodeid=item.nodeid: run.report(nodeid)
+
+
+def pytest_runtest_logreport(report):
+    path = os.environ.get(_CHILD_REPORT)
+    if not path or (report.when != "call" and report.passed):
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if GPU_E2E_DRY_RUN and str(item.fspath).startswith(GPU_E2E_DIR):
-            continue
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    reason = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
+    entry = dict(nodeid=report.nodeid, when=report.when, outcome=report.outcome,
+                 text=report.longreprtext, reason=reason)
+    with open(path, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+class _OwnProcessRun:
+    """One child ``pytest`` over the selected ``own_process`` tests, started by the first of them."""
+
+    def __init__(self, nodeids, exitfirst: bool):
+        self.nodeids = nodeids
+        self.exitfirst = exitfirst
+        self.reports = None
+        self.output = ""
+
+    def _run(self) -> None:
+        rootdir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as report:
+            env = dict(os.environ, **{_CHILD_REPORT: report.name})
+            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *self.nodeids]
+            if self.exitfirst:
+                cmd.insert(3, "-x")
+            proc = subprocess.run(cmd, cwd=rootdir, env=env, capture_output=True, text=True)
+            self.output = proc.stdout[-6000:] + proc.stderr[-3000:]
+            self.reports = {}
+            for line in report.read().splitlines():
+                entry = json.loads(line)
+                self.reports.setdefault(entry["nodeid"], []).append(entry)
+
+    def report(self, nodeid: str) -> None:
+        if self.reports is None:
+            self._run()
+        entries = self.reports.get(nodeid)
+        if not entries:
+            pytest.fail(f"{nodeid} did not run in its child pytest; its output:\n{self.output}", pytrace=False)
+        for entry in entries:
+            if entry["outcome"] == "failed":
+                pytest.fail(f"[in a child pytest, {entry['when']}]\n{entry['text']}", pytrace=False)
+        for entry in entries:
+            if entry["outcome"] == "skipped":
+                pytest.skip(entry["reason"] or entry["text"])

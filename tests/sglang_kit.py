@@ -27,8 +27,7 @@ from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.runtime_context import get_context, get_parallel
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-HEAD_DIM = 128
+from sglang_dspark_plugin.settings import HEAD_DIM
 
 _parallel = get_parallel().override(attn_tp_size=1, attn_dcp_rank=0, attn_dcp_size=1, attn_tp_rank=0)
 _parallel.__enter__()
@@ -116,7 +115,6 @@ class KDARunner(ModelRunner):
         device: str = "cpu",
         dtype: torch.dtype = torch.bfloat16,
         max_context_len: int = 64,
-        ragged_verify_mode: str = "static",
     ):
         self.device = device
         self.dtype = dtype

@@ -1,8 +1,9 @@
-"""cpu_support: the CPU-only patches install, are idempotent and do what they claim.
+"""cpu_support: the CPU-only patches install on request, are idempotent and do what they claim.
 
 The checks run in a fresh subprocess: ``apply()`` patches process-wide state (the Triton
 interpreter's bf16 arithmetic, ``torch.Tensor.record_stream``), which must not leak into the
-kernel tests that share this pytest process."""
+kernel tests that share this pytest process. That nothing is installed without the request is
+tested in tests/test_plugin.py (``test_entry_points_register_dspark_and_change_nothing_else``)."""
 
 import os
 import subprocess
@@ -16,12 +17,26 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only patc
 
 CHECKS = textwrap.dedent(
     r'''
-    import os, torch
+    import logging, os, torch
+    logging.basicConfig(level=logging.INFO)
     assert os.environ.get("TRITON_INTERPRET") is None  # apply() must set it itself
     from sglang_dspark_plugin.harness import cpu_support
-    assert cpu_support.apply() is True and cpu_support.apply() is True
+    # The dspark_cpu entry point, with SGLANG_DSPARK_CPU=1 (the harness's opt-in) in the environment.
+    assert cpu_support.apply_if_requested() is True and cpu_support.apply() is True
     assert os.environ["TRITON_INTERPRET"] == "1"
     first = cpu_support.installed_patches()
+    # SGLang's plugin loading runs both entry points (dspark_cpu: apply_if_requested again, a no-op).
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    assert "dspark" in ATTENTION_BACKENDS
+
+    # Gate 3 acts on CPU tensors only: other devices keep torch's own method (and its error).
+    try:
+        torch.empty(2, device="meta").record_stream(torch.cpu.current_stream())
+        raise AssertionError("record_stream on a meta tensor was swallowed")
+    except RuntimeError as exc:
+        assert "unknown parameter type" in str(exc), exc
 
     # Gate 3: record_stream on a CPU tensor is a no-op (torch raises "unknown parameter type").
     torch.zeros(2).record_stream(torch.cpu.current_stream())
@@ -77,8 +92,10 @@ CHECKS = textwrap.dedent(
 
 def test_apply_installs_every_patch_in_a_fresh_process():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["SGLANG_DSPARK_CPU"] = "1"
     proc = subprocess.run(
         [sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "OK 11 patches" in proc.stdout, proc.stdout[-2000:]
+    assert "Executed general plugin: dspark_cpu" in proc.stderr

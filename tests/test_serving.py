@@ -1,5 +1,6 @@
 """serving.py without SGLang: flags, and start/stop semantics on a stand-in server process."""
 
+import os
 import sys
 import textwrap
 import time
@@ -75,12 +76,14 @@ def test_startup_failure_raises_with_log_tail_and_leaves_nothing(tmp_path):
 def test_cpu_flags_only_without_gpu():
     cpu = SGLangServer(["--speculative-algorithm", "DSPARK", "--max-running-requests", "2"], cpu=True)
     assert "--device" in cpu.args and cpu.env["TRITON_INTERPRET"] == "1"
+    assert cpu.env["SGLANG_DSPARK_CPU"] == "1"  # the opt-in to the CPU-only patches (cpu_support.py)
     assert "--speculative-draft-attention-backend" in cpu.args
     # caller's value wins over the CPU default
     i = cpu.args.index("--max-running-requests")
     assert cpu.args[i + 1] == "2" and cpu.args.count("--max-running-requests") == 1
     gpu = SGLangServer(["--attention-backend", "dspark"], cpu=False)
     assert "--device" not in gpu.args and "--skip-server-warmup" not in gpu.args
+    assert gpu.env.get("SGLANG_DSPARK_CPU") == os.environ.get("SGLANG_DSPARK_CPU")  # nothing added
     assert gpu.args[:2] == ["--attention-backend", "dspark"] and "--port" in gpu.args
 
 

@@ -8,11 +8,18 @@ chain (scheduler -> KDA backend -> Triton kernels, DSPARK draft/verify/commit) s
 2. five small device gates in SGLang let a plain CPU host through
    (``_install_sglang_device_gate_patches``).
 
-``apply()`` installs both. It is called by the plugin's ``register()`` in every SGLang process
-(launcher, scheduler, detokenizer); it returns at once, changing nothing, when
-``torch.cuda.is_available()``; it is idempotent. Nothing here edits SGLang's or Triton's files on
-disk: every change is a runtime patch of a function, method or module attribute, installed right
-after the owning module is imported (or at once if it already was).
+``apply()`` installs both; it returns at once, changing nothing, when ``torch.cuda.is_available()``,
+and it is idempotent. Nothing here edits SGLang's or Triton's files on disk: every change is a
+runtime patch of a function, method or module attribute, installed right after the owning module is
+imported (or at once if it already was).
+
+**Opt-in only.** Installing the plugin must not change SGLang for anyone who does not run our CPU
+path (SGLang's own CPU engine, NPU/XPU hosts, any other backend). So nothing here runs unless asked
+for: the package's second ``sglang.srt.plugins`` entry point, ``dspark_cpu``, calls
+``apply_if_requested()`` in every SGLang process, and that does nothing unless
+``SGLANG_DSPARK_CPU=1`` is in the environment. The harness sets it: the server launcher
+(``serving.cpu_env()``, inherited by SGLang's spawned processes), hence the demo and the e2e tests;
+in-process tests call ``apply()`` themselves.
 
 The interpreter shims patch private Triton 3.8.0 internals (``triton.runtime.interpreter``); the
 project pins ``triton==3.8.0``. They are installed only when ``TRITON_INTERPRET=1`` (``apply()``
@@ -36,6 +43,8 @@ import sys
 import threading
 from typing import Callable, Dict, List
 
+from ..settings import cpu_requested, gpu_available
+
 logger = logging.getLogger("sglang_dspark_plugin.harness.cpu_support")
 
 _lock = threading.Lock()
@@ -43,10 +52,12 @@ _applied = False
 _installed: List[str] = []  # names of the patches installed in this process, for diagnostics
 
 
-def gpu_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+def apply_if_requested() -> bool:
+    """Entry point ``dspark_cpu`` (``sglang.srt.plugins``): ``apply()`` when ``SGLANG_DSPARK_CPU=1``,
+    else nothing at all (no environment change, no patch). Returns whether the patches are installed."""
+    if not cpu_requested():
+        return False
+    return apply()
 
 
 def apply() -> bool:
@@ -335,8 +346,9 @@ def _shim_fla_device_ctx(module) -> None:
 # SGLang's "CPU" (``is_cpu()``) means its own CPU engine (``SGLANG_USE_CPU_ENGINE=1`` with a
 # source-built CPU sgl-kernel and AMX). A plain CPU host is neither that nor CUDA, and a few code
 # paths then have no branch at all. Each patch below is installed only by ``apply()``, i.e. only
-# when ``torch.cuda.is_available()`` is False, so none of them can change CUDA behaviour; in
-# addition each one only acts on CPU tensors / the ``cpu`` device itself.
+# on request (``SGLANG_DSPARK_CPU=1`` or a direct call) and only when ``torch.cuda.is_available()``
+# is False, so none of them can change CUDA behaviour; in addition each one only acts on CPU
+# tensors / the ``cpu`` device itself.
 
 
 def _install_sglang_device_gate_patches() -> None:
@@ -415,8 +427,9 @@ def _gate_record_stream_cpu() -> None:
 
     ``DSparkWorkerV2._forward_decode`` calls ``batch.seq_lens.record_stream(
     torch.get_device_module(device).current_stream())``; for ``cpu`` torch raises
-    ``RuntimeError: unknown parameter type``. ``record_stream`` only informs the CUDA caching
-    allocator, which CPU tensors do not use, so for non-CUDA tensors it becomes a no-op."""
+    ``RuntimeError: unknown parameter type``. ``record_stream`` only informs the device's caching
+    allocator, which CPU tensors do not use, so for CPU tensors it becomes a no-op; every other
+    device keeps torch's own method."""
     import torch
 
     original = torch.Tensor.record_stream
@@ -424,7 +437,7 @@ def _gate_record_stream_cpu() -> None:
         return
 
     def record_stream(self, stream):
-        if self.is_cuda:
+        if self.device.type != "cpu":
             return original(self, stream)
         return None
 

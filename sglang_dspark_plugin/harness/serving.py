@@ -21,9 +21,9 @@ What the launcher does:
   scheduler crashed and spend ~65 s in "crash diagnostics"; killing only the launcher would
   orphan the scheduler and detokenizer. Also done at interpreter exit for servers still running.
 * on a machine **without a GPU** it adds what a CPU-only run needs (docs/e2e.md): the
-  environment ``TRITON_INTERPRET=1`` and the flags of ``cpu_flags()``; on CUDA it adds nothing.
+  environment of ``cpu_env()`` and the flags of ``cpu_flags()``; on CUDA it adds nothing.
   The CPU-only SGLang patches themselves (``cpu_support.py``) are installed inside the server's
-  processes by the plugin's ``register()``.
+  processes by the plugin's ``dspark_cpu`` entry point, which ``SGLANG_DSPARK_CPU=1`` turns on.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
+from ..settings import CPU_ENV, gpu_available
 from .tiny_models import TINY, ModelSpec, default_out_dir, ensure_models
 
 # Resource caps for a CPU-only run (each KDA/MLA state slot is tiny, but SGLang sizes its pools
@@ -51,15 +52,6 @@ CPU_MAX_TOTAL_TOKENS = 2048
 CPU_MAX_MAMBA_CACHE_SIZE = 16  # DSPARK takes 3 state slots per request: 16 keeps 4 running
 CPU_MAX_RUNNING_REQUESTS = 4
 CPU_CHUNKED_PREFILL_SIZE = 256
-
-
-def gpu_available() -> bool:
-    """True when PyTorch sees a CUDA device (then no CPU-only flags are added)."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a hard dependency of sglang
-        return False
-    return torch.cuda.is_available()
 
 
 def cpu_flags(*, speculative: bool) -> List[str]:
@@ -93,9 +85,10 @@ def cpu_flags(*, speculative: bool) -> List[str]:
 
 
 def cpu_env() -> Dict[str, str]:
-    """Environment a CPU-only run needs: Triton's interpreter (there is no Triton CPU driver);
-    it must be set before Triton kernels are defined, i.e. in the server's environment."""
-    return {"TRITON_INTERPRET": "1"}
+    """Environment a CPU-only run needs: Triton's interpreter (there is no Triton CPU driver; it
+    must be set before Triton kernels are defined, i.e. in the server's environment) and the opt-in
+    to the CPU-only SGLang patches (``cpu_support.py``), which SGLang's processes inherit."""
+    return {"TRITON_INTERPRET": "1", CPU_ENV: "1"}
 
 
 def _flag_value(args: Sequence[str], flag: str) -> Optional[str]:

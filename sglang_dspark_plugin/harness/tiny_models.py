@@ -55,16 +55,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from .. import settings
+from ..settings import CONV_WIDTH as CONV_K, HEAD_DIM
+
 WEIGHTS_FILE = "model.safetensors"
 SEED = 20261130
 
 VOCAB_SIZE = 512
-HEAD_DIM = 128
 KV_LORA_RANK = 512
 QK_NOPE = 128
 QK_ROPE = 64
 V_HEAD = 128
-CONV_K = 4
 MARKOV_RANK = 64
 DEFAULT_BLOCK_SIZE = 3  # gamma; --speculative-dspark-block-size overrides it
 
@@ -646,9 +647,9 @@ def make_draft_weights(target_weights: Dict[str, "torch.Tensor"], spec: ModelSpe
 def default_out_dir() -> Path:
     """The checkout's ``configs/`` when running from a source tree (an editable install), else a
     user cache dir, never site-packages (override with ``SGLANG_DSPARK_TINY_DIR``)."""
-    env = os.environ.get("SGLANG_DSPARK_TINY_DIR")
-    if env:
-        return Path(env)
+    override = settings.tiny_dir()
+    if override:
+        return Path(override)
     checkout = Path(__file__).resolve().parents[2]  # harness -> package -> checkout
     if (checkout / "pyproject.toml").is_file() and (checkout / "configs" / TARGET_DIR).is_dir():
         return checkout / "configs"

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..settings import HEAD_DIM
 from . import launch_config as LC
 from . import validation as V
 from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _load_conv_window,
@@ -159,7 +160,7 @@ def decode(
     V.check_ssm_state("ssm_state", ssm_state, H, layered=False)
     V.check_conv_state("conv_state", conv_state, H, act, layered=False)
     if out is None:
-        out = torch.empty((1, T, H, V.HEAD_DIM), dtype=act, device=dev)
+        out = torch.empty((1, T, H, HEAD_DIM), dtype=act, device=dev)
     else:
         V.check_out(out, T, H, act)
     V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
@@ -167,9 +168,7 @@ def decode(
     cfg = LC.decode(H, B)
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
     warps = num_warps or cfg["num_warps"]
-    if impl not in (None, "auto", "rows"):
-        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto" or "rows"', got=repr(impl),
-                             fix="leave impl=None")
+    V.check_impl(impl, (None, "auto", "rows"))
     if B == 0:
         return out
     _decode_kernel[(B, H)](

@@ -14,12 +14,14 @@ snapshot mode bit for bit under the same compiler). Ring mode defaults to the ch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from ..settings import HEAD_DIM
 from . import launch_config as LC
 from . import validation as V
 from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _load_conv_window,
@@ -177,7 +179,7 @@ def _mtp_verify_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# Wrapper
+# Wrapper: validate -> plan -> launch (the three stages follow it)
 # ----------------------------------------------------------------------------------------------
 
 def mtp_verify(
@@ -286,7 +288,59 @@ def mtp_verify(
     Recurrent kernel: grid ``(128 // block_v, N, H)``, program (iv, n, h) keeps the state tile ``[block_v, 128]``
     in registers for the whole window; q/k conv and norms are recomputed per V-tile; V-tile 0 alone
     writes the q/k conv windows and the rawk/g/beta rings.
+
+    Stages: ``_validate`` checks every argument (metadata only), :func:`plan_mtp_verify` picks the
+    kernel and its launch parameters from the shapes (callable on its own, e.g. to see what a shape
+    runs), ``_launch`` launches it.
     """
+    checked = _validate(
+        q, k, v, a, b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+        ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, cu_seqlens=cu_seqlens,
+        num_spec=num_spec, intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
+        intermediate_ssm=intermediate_ssm, rings=(ring_rawv, ring_rawk, ring_g, ring_beta), scale=scale, out=out,
+    )
+    plan = plan_mtp_verify(
+        checked.H, checked.N, checked.steps, ring=checked.ring, impl=impl, block_v=block_v, num_warps=num_warps,
+        block_k=block_k, num_stages=num_stages, dot_precision=dot_precision, prep_block_k=prep_block_k,
+        prep_num_warps=prep_num_warps, finish=finish,
+    )
+    if out is None:
+        out = torch.empty((1, checked.T, checked.H, HEAD_DIM), dtype=checked.act, device=q.device)
+    if checked.N == 0:
+        return out
+    _launch(
+        plan, checked, q, k, v, a, b, out, conv_weight=conv_weight, ssm_state=ssm_state, conv_state=conv_state,
+        slot_indices=slot_indices, cu_seqlens=cu_seqlens, intermediate_conv=intermediate_conv,
+        intermediate_rows=intermediate_rows, intermediate_ssm=intermediate_ssm,
+        rings=(ring_rawv, ring_rawk, ring_g, ring_beta),
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 1: validate (tensor metadata only: no value read, no host sync)
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Checked:
+    """What validation established about one call's inputs."""
+
+    T: int  # tokens (N * steps)
+    H: int  # heads
+    N: int  # requests
+    steps: int  # 1 + num_spec
+    act: torch.dtype  # activation dtype (q/k/v, conv state, rings, out)
+    ring: bool  # ring mode (ReplaySSM rings); else snapshot mode
+    A_flat: torch.Tensor  # [H] fp32 view of A_log
+    dt_flat: torch.Tensor  # [H*128] fp32 view of dt_bias
+    lower_bound: Optional[float]
+    scale: float
+
+
+def _validate(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, ssm_state, conv_state, slot_indices,
+              cu_seqlens, num_spec, intermediate_conv, intermediate_rows, intermediate_ssm, rings, scale,
+              out) -> _Checked:
+    """Check every argument of :func:`mtp_verify` (raises ``DSparkError`` E1xx, first problem first)."""
     T, H, act = V.check_activations([("q", q, True), ("k", k, True), ("v", v, True), ("a", a, False)])
     dev = q.device
     V.check_beta(b, T, H)
@@ -310,7 +364,6 @@ def mtp_verify(
     V.check_conv_state("conv_state", conv_state, H, act, layered=False)
     V.check_intermediate_conv(intermediate_conv, H, steps, act, layered=False)
 
-    rings = (ring_rawv, ring_rawk, ring_g, ring_beta)
     n_rings = sum(r is not None for r in rings)
     snapshot = intermediate_ssm is not None
     if n_rings not in (0, 4):
@@ -329,63 +382,110 @@ def mtp_verify(
     if snapshot:
         V.check_intermediate_ssm(intermediate_ssm, H, steps)
     else:
-        V.check_rings(ring_rawv, ring_rawk, ring_g, ring_beta, H, steps, act, layered=False,
-                      slots=ssm_state.shape[0])
-    if out is None:
-        out = torch.empty((1, T, H, V.HEAD_DIM), dtype=act, device=dev)
-    else:
+        V.check_rings(*rings, H, steps, act, layered=False, slots=ssm_state.shape[0])
+    if out is not None:
         V.check_out(out, T, H, act)
+    ring_rawv, ring_rawk, ring_g, ring_beta = rings
     V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
                    ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, cu_seqlens=cu_seqlens,
                    intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
                    intermediate_ssm=intermediate_ssm, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
                    ring_beta=ring_beta, out=out)
-    if impl not in (None, "auto", "chunked", "rows"):
-        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto", "chunked" or "rows"', got=repr(impl),
-                             fix="leave impl=None")
+    return _Checked(T=T, H=H, N=N, steps=steps, act=act, ring=ring, A_flat=A_flat, dt_flat=dt_flat,
+                    lower_bound=lower_bound, scale=scale)
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 2: plan (which kernel, which launch parameters; shapes only, like FlashInfer's plan())
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """How :func:`mtp_verify` launches for a shape: the kernel and its launch parameters.
+
+    ``impl`` is ``"rows"`` (the recurrent kernel above: grid ``(128 // block_v, N, H)``) or
+    ``"chunked"`` (ring mode only: prep, optional finish and streaming kernels of
+    :mod:`.mtp_verify_chunked`); the ``chunked``-only fields are None for ``"rows"``.
+    """
+
+    impl: str
+    block_v: int  # V rows per program (chunked: of the streaming kernel)
+    num_warps: int
+    num_stages: Optional[int]  # None = Triton's default
+    block_k: Optional[int] = None  # chunked: tl.dot K-chunk of the streaming kernel
+    prep_block_k: Optional[int] = None  # chunked: q/k channels per prep program
+    prep_num_warps: Optional[int] = None
+    dot_precision: Optional[str] = None  # chunked: "tf32x3", "ieee" or "tf32"
+    finish: Optional[bool] = None  # chunked: run the per-(request, head) finish kernel
+    finish_num_warps: Optional[int] = None
+
+
+def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[str] = None,
+                    block_v: Optional[int] = None, num_warps: Optional[int] = None, block_k: Optional[int] = None,
+                    num_stages: Optional[int] = None, dot_precision: Optional[str] = None,
+                    prep_block_k: Optional[int] = None, prep_num_warps: Optional[int] = None,
+                    finish: Optional[bool] = None) -> VerifyPlan:
+    """The launch plan of :func:`mtp_verify` for ``H`` heads, ``N`` requests and ``steps`` = 1 + num_spec
+    tokens per request: the launch table's choice (:mod:`.launch_config`), with the knobs the caller
+    set (same meaning as in :func:`mtp_verify`) taking precedence. Raises E121-E123 for bad knobs."""
+    V.check_impl(impl, (None, "auto", "chunked", "rows"))
     # snapshot mode always runs the recurrent kernel: the chunked form computes outputs only
     cfg = (LC.verify_ring(H, N, steps, None if impl == "auto" else impl) if ring
            else dict(impl="rows", **LC.verify_rows(H, N, steps)))
-    impl = cfg["impl"]
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
     warps = num_warps or cfg["num_warps"]
     stages = num_stages if num_stages is not None else cfg.get("num_stages")
-    if N == 0:
-        return out
+    if cfg["impl"] != "chunked":
+        return VerifyPlan(impl="rows", block_v=BV, num_warps=warps, num_stages=stages)
+    BK = V.check_block_k(block_k if block_k is not None else cfg["block_k"])
+    return VerifyPlan(
+        impl="chunked", block_v=max(16, BV), num_warps=warps, num_stages=stages, block_k=max(16, BK),  # tl.dot: >= 16
+        prep_block_k=prep_block_k or cfg["prep_block_k"], prep_num_warps=prep_num_warps or cfg["prep_num_warps"],
+        dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"),
+        finish=cfg["finish"] if finish is None else bool(finish), finish_num_warps=cfg["finish_num_warps"],
+    )
 
-    if impl == "chunked":
-        BK = V.check_block_v(block_k if block_k is not None else cfg["block_k"])
-        return launch_verify_ring_chunked(
-            q, k, v, a, b, out, conv_weight=conv_weight, A_flat=A_flat, dt_flat=dt_flat,
-            lower_bound=lower_bound, scale=scale, ssm_state=ssm_state, conv_state=conv_state,
+
+# ----------------------------------------------------------------------------------------------
+# Stage 3: launch
+# ----------------------------------------------------------------------------------------------
+
+def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, ssm_state, conv_state, slot_indices,
+            cu_seqlens, intermediate_conv, intermediate_rows, intermediate_ssm, rings) -> None:
+    """Launch the planned kernel(s) on validated arguments."""
+    dev = q.device
+    if plan.impl == "chunked":
+        ring_rawv, ring_rawk, ring_g, ring_beta = rings
+        launch_verify_ring_chunked(
+            q, k, v, a, b, out, conv_weight=conv_weight, A_flat=c.A_flat, dt_flat=c.dt_flat,
+            lower_bound=c.lower_bound, scale=c.scale, ssm_state=ssm_state, conv_state=conv_state,
             slot_indices=slot_indices, cu_seqlens=cu_seqlens, intermediate_conv=intermediate_conv,
             intermediate_rows=intermediate_rows, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
-            ring_beta=ring_beta, N=N, T=T, H=H, steps=steps, act_bf16=act == torch.bfloat16,
-            block_v=max(16, BV), block_k=max(16, BK), num_warps=warps, num_stages=stages,
-            prep_block_k=prep_block_k or cfg["prep_block_k"], prep_num_warps=prep_num_warps or cfg["prep_num_warps"],
-            dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"),
-            finish=cfg["finish"] if finish is None else bool(finish), finish_num_warps=cfg["finish_num_warps"],
-            pdl_kwargs=LC.pdl_kwargs(dev))
-    extra = {} if stages is None else dict(num_stages=stages)
-
+            ring_beta=ring_beta, N=c.N, T=c.T, H=c.H, steps=c.steps, act_bf16=c.act == torch.bfloat16,
+            block_v=plan.block_v, block_k=plan.block_k, num_warps=plan.num_warps, num_stages=plan.num_stages,
+            prep_block_k=plan.prep_block_k, prep_num_warps=plan.prep_num_warps, dot_precision=plan.dot_precision,
+            finish=plan.finish, finish_num_warps=plan.finish_num_warps, pdl_kwargs=LC.pdl_kwargs(dev))
+        return
+    extra = {} if plan.num_stages is None else dict(num_stages=plan.num_stages)
+    snapshot = not c.ring
     issm = intermediate_ssm if snapshot else ssm_state  # placeholder pointer, never touched
     issm_strides = (intermediate_ssm.stride(0), intermediate_ssm.stride(1)) if snapshot else (0, 0)
-    if ring:
-        rv, rk, rg, rb = ring_rawv, ring_rawk, ring_g, ring_beta
+    if c.ring:
+        rv, rk, rg, rb = rings
         ring_strides = (rv.stride(0), rv.stride(1), rv.stride(2), rk.stride(0), rk.stride(1), rk.stride(2),
                         rg.stride(0), rg.stride(1), rg.stride(2), rb.stride(0), rb.stride(1), rb.stride(2))
     else:
         rv = rk = rg = rb = ssm_state
         ring_strides = (0,) * 12
 
-    grid = (V.HEAD_DIM // BV, N, H)
+    grid = (HEAD_DIM // plan.block_v, c.N, c.H)
     _mtp_verify_kernel[grid](
         q, k, v, a, b, out,
-        conv_weight, A_flat, dt_flat,
+        conv_weight, c.A_flat, c.dt_flat,
         ssm_state, conv_state, slot_indices, cu_seqlens,
         intermediate_conv, intermediate_rows, issm,
         rv, rk, rg, rb,
-        N, T, H, 0.0 if lower_bound is None else lower_bound, scale,
+        c.N, c.T, c.H, 0.0 if c.lower_bound is None else c.lower_bound, c.scale,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         a.stride(1), a.stride(2), b.stride(1), b.stride(2), out.stride(1), out.stride(2),
         conv_weight.stride(0),
@@ -393,8 +493,7 @@ def mtp_verify(
         intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
         *issm_strides,
         *ring_strides,
-        STEPS=steps, BV=BV, ACT_BF16=act == torch.bfloat16,
-        USE_LB=lower_bound is not None, SNAPSHOT=snapshot, RING=ring,
-        num_warps=warps, **extra, **LC.pdl_kwargs(dev),
+        STEPS=c.steps, BV=plan.block_v, ACT_BF16=c.act == torch.bfloat16,
+        USE_LB=c.lower_bound is not None, SNAPSHOT=snapshot, RING=c.ring,
+        num_warps=plan.num_warps, **extra, **LC.pdl_kwargs(dev),
     )
-    return out

@@ -27,7 +27,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-HEAD_DIM = 128
+from ..settings import HEAD_DIM
+
 L2_EPS = 1e-6
 
 

@@ -10,12 +10,14 @@ verify's snapshot-mode state after step ``accept - 1``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from ..settings import HEAD_DIM
 from . import launch_config as LC
 from . import validation as V
 from .common import _delta_step, _l2norm, _pdl_enter
@@ -100,8 +102,9 @@ def _replayssm_fold_kernel(
 
 
 
-def _layered(t: Optional[torch.Tensor], single_dim: int) -> Optional[torch.Tensor]:
-    return t.unsqueeze(0) if t is not None and isinstance(t, torch.Tensor) and t.dim() == single_dim else t
+# ----------------------------------------------------------------------------------------------
+# Wrapper: validate -> plan -> launch (the three stages follow it)
+# ----------------------------------------------------------------------------------------------
 
 
 def replayssm_fold(
@@ -110,8 +113,7 @@ def replayssm_fold(
     conv_state: Optional[torch.Tensor] = None, intermediate_conv: Optional[torch.Tensor] = None,
     intermediate_rows: Optional[torch.Tensor] = None,
     track_slot_indices: Optional[torch.Tensor] = None, track_steps: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None, block_v: Optional[int] = None, num_warps: Optional[int] = None,
-    impl: Optional[str] = None,
+    block_v: Optional[int] = None, num_warps: Optional[int] = None, impl: Optional[str] = None,
 ) -> torch.Tensor:
     """Fold the accepted prefix of every request's verify rings into the persistent state, all layers.
 
@@ -149,8 +151,6 @@ def replayssm_fold(
         ``[N]`` int32 each: also write the state after step ``track_steps[n]`` (0-based; ``< 0`` or
         ``>= a`` = none) into ``ssm_state[:, track_slot_indices[n]]`` (SGLang's radix "track"
         snapshot; a track slot of ``-1`` is skipped).
-    scale : float, optional
-        Unused (the fold never reads q); accepted for signature symmetry.
     block_v, num_warps : int, optional
         Tuning knobs (defaults from :mod:`.launch_config`): V-tile rows per program, warps.
     impl : str, optional
@@ -166,11 +166,49 @@ def replayssm_fold(
 
     Grid ``(128 // block_v, N, layers * H)``; program (iv, n, layer*H + h) owns the state tile
     ``ssm_state[layer, slot, h, iv*block_v : (iv+1)*block_v, :]`` (no two programs share state rows).
+
+    Stages: ``_validate`` checks every argument (metadata only) and brings single-layer tensors to
+    the all-layer form, :func:`plan_replayssm_fold` picks the launch parameters from the shapes,
+    ``_launch`` launches the kernel.
     """
-    del scale
+    c = _validate(ssm_state, ring_rawv, ring_rawk, ring_g, ring_beta, slot_indices, accept_lens,
+                  conv_state=conv_state, intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
+                  track_slot_indices=track_slot_indices, track_steps=track_steps)
+    plan = plan_replayssm_fold(c.H, c.N, c.layers, impl=impl, block_v=block_v, num_warps=num_warps)
+    if c.N > 0 and c.layers > 0:
+        _launch(plan, c, slot_indices, accept_lens, intermediate_rows=intermediate_rows,
+                track_slot_indices=track_slot_indices, track_steps=track_steps)
+    return ssm_state  # the caller's tensor (single- or all-layer), updated in place
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 1: validate (tensor metadata only: no value read, no host sync)
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Checked:
+    """What validation established, with every state/ring/conv tensor in the all-layer form."""
+
+    ssm_state: torch.Tensor  # [layers, slots, H, 128, 128]
+    rings: tuple  # (rawv, rawk, g, beta), [layers, slots, H, L(, 128)]
+    conv_state: Optional[torch.Tensor]  # [layers, slots, 3, D] when the conv state rolls forward
+    intermediate_conv: Optional[torch.Tensor]  # [layers, rows, steps, 3, D]
+    H: int
+    L: int  # ring length
+    N: int  # requests
+    layers: int
+    track: bool  # write the radix track snapshot
+
+
+def _layered(t: Optional[torch.Tensor], single_dim: int) -> Optional[torch.Tensor]:
+    return t.unsqueeze(0) if t is not None and isinstance(t, torch.Tensor) and t.dim() == single_dim else t
+
+
+def _validate(ssm_state, ring_rawv, ring_rawk, ring_g, ring_beta, slot_indices, accept_lens, *, conv_state,
+              intermediate_conv, intermediate_rows, track_slot_indices, track_steps) -> _Checked:
+    """Check every argument of :func:`replayssm_fold` (raises ``DSparkError`` E1xx, first problem first)."""
     V.check_tensor("ssm_state", ssm_state, V.E_SSM)
-    single = ssm_state.dim() == 4
-    if single:
+    if ssm_state.dim() == 4:  # single-layer form: every tensor gets a layer dim of 1 (views)
         ssm_state = ssm_state.unsqueeze(0)
         ring_rawv, ring_rawk, ring_g = (_layered(t, 4) for t in (ring_rawv, ring_rawk, ring_g))
         ring_beta = _layered(ring_beta, 3)
@@ -182,7 +220,7 @@ def replayssm_fold(
     for name, t in (("ring_rawv", ring_rawv), ("ring_rawk", ring_rawk)):
         V.check_tensor(name, t, V.E_RING)
     act = ring_rawv.dtype
-    if act not in V.ACT_DTYPES:
+    if act not in V.ACTIVATION_DTYPES:
         raise V.dspark_error(V.E_RING, "ring_rawv", expected="bfloat16 or float32", got=str(act),
                              fix="pass the pool's replayssm_rawv ring (activation dtype)")
     L = V.check_rings(ring_rawv, ring_rawk, ring_g, ring_beta, H, 1, act, layered=True, slots=slots, layers=layers)
@@ -196,11 +234,11 @@ def replayssm_fold(
             V.E_FOLD_ARGS, "conv_state/intermediate_conv/intermediate_rows", expected="all three or none",
             got=f"{n_conv} of 3", fix="pass all three to roll the conv state forward, or none to fold the state only",
         )
-    with_conv = n_conv == 3
-    if with_conv:
-        V.check_conv_state("conv_state", conv_state, H, conv_state.dtype if isinstance(conv_state, torch.Tensor)
-                           else act, layered=True)
-        V.check_intermediate_conv(intermediate_conv, H, 1, conv_state.dtype, layered=True)
+    if n_conv == 3:
+        # SGLang allocates the conv state, the verify's conv windows and the rings in one dtype
+        # (the pool's conv dtype); the fold copies conv windows byte for byte.
+        V.check_conv_state("conv_state", conv_state, H, act, layered=True)
+        V.check_intermediate_conv(intermediate_conv, H, 1, act, layered=True)
         V.check_index("intermediate_rows", intermediate_rows, N, what="scratch row per request")
         if conv_state.shape[0] != layers or intermediate_conv.shape[0] != layers or conv_state.shape[1] != slots:
             raise V.dspark_error(
@@ -215,48 +253,73 @@ def replayssm_fold(
             V.E_FOLD_ARGS, "track_slot_indices/track_steps", expected="both or none", got="only one",
             fix="pass both to write the radix track snapshot, or neither",
         )
-    track = n_track == 2
-    if track:
+    if n_track == 2:
         V.check_index("track_slot_indices", track_slot_indices, N, what="track slot per request, -1 = none")
         V.check_index("track_steps", track_steps, N, what="0-based step to snapshot, < 0 = none")
-    dev = ssm_state.device
-    V.check_device(dev, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g, ring_beta=ring_beta,
+    V.check_device(ssm_state.device, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g, ring_beta=ring_beta,
                    slot_indices=slot_indices, accept_lens=accept_lens, conv_state=conv_state,
                    intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
                    track_slot_indices=track_slot_indices, track_steps=track_steps)
-    if impl not in (None, "auto", "rows"):
-        raise V.dspark_error(V.E_BLOCK, "impl", expected='None, "auto" or "rows"', got=repr(impl),
-                             fix="leave impl=None")
-    cfg = LC.fold(H, N, layers)
-    BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
-    warps = num_warps or cfg["num_warps"]
-    if N == 0 or layers == 0:
-        return ssm_state.squeeze(0) if single else ssm_state
+    return _Checked(ssm_state=ssm_state, rings=(ring_rawv, ring_rawk, ring_g, ring_beta),
+                    conv_state=conv_state if n_conv == 3 else None,
+                    intermediate_conv=intermediate_conv if n_conv == 3 else None,
+                    H=H, L=L, N=N, layers=layers, track=n_track == 2)
 
-    rv, rk, rg, rb = ring_rawv, ring_rawk, ring_g, ring_beta
-    if with_conv:
-        conv_ptr, icw_ptr, irow_ptr = conv_state, intermediate_conv, intermediate_rows
-        conv_strides = (conv_state.stride(0), conv_state.stride(1), conv_state.stride(2))
-        icw_strides = tuple(intermediate_conv.stride(i) for i in range(4))
-        icw_steps = intermediate_conv.shape[2]
+
+# ----------------------------------------------------------------------------------------------
+# Stage 2: plan (launch parameters from the shapes, like FlashInfer's plan())
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FoldPlan:
+    """How :func:`replayssm_fold` launches for a shape: grid ``(128 // block_v, N, layers * H)``."""
+
+    block_v: int  # V rows per program
+    num_warps: int
+
+
+def plan_replayssm_fold(H: int, N: int, layers: int, *, impl: Optional[str] = None, block_v: Optional[int] = None,
+                        num_warps: Optional[int] = None) -> FoldPlan:
+    """The launch plan of :func:`replayssm_fold` for ``H`` heads, ``N`` requests and ``layers`` KDA
+    layers: the launch table's choice (:mod:`.launch_config`), with the caller's knobs taking
+    precedence. One kernel ships (``impl`` None / "auto" / "rows"). Raises E121/E123 for bad knobs."""
+    V.check_impl(impl, (None, "auto", "rows"))
+    cfg = LC.fold(H, N, layers)
+    return FoldPlan(block_v=V.check_block_v(block_v if block_v is not None else cfg["block_v"]),
+                    num_warps=num_warps or cfg["num_warps"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Stage 3: launch
+# ----------------------------------------------------------------------------------------------
+
+def _launch(plan: FoldPlan, c: _Checked, slot_indices, accept_lens, *, intermediate_rows, track_slot_indices,
+            track_steps) -> None:
+    """Launch the fold kernel on validated arguments (all-layer form)."""
+    ssm_state = c.ssm_state
+    rv, rk, rg, rb = c.rings
+    if c.conv_state is not None:
+        conv_ptr, icw_ptr, irow_ptr = c.conv_state, c.intermediate_conv, intermediate_rows
+        conv_strides = (c.conv_state.stride(0), c.conv_state.stride(1), c.conv_state.stride(2))
+        icw_strides = tuple(c.intermediate_conv.stride(i) for i in range(4))
+        icw_steps = c.intermediate_conv.shape[2]
     else:
         conv_ptr = icw_ptr = ssm_state  # placeholders, never touched
         irow_ptr = slot_indices
         conv_strides, icw_strides, icw_steps = (0, 0, 0), (0, 0, 0, 0), 1
-    tslot_ptr, tstep_ptr = (track_slot_indices, track_steps) if track else (slot_indices, slot_indices)
+    tslot_ptr, tstep_ptr = (track_slot_indices, track_steps) if c.track else (slot_indices, slot_indices)
 
-    grid = (V.HEAD_DIM // BV, N, layers * H)
+    grid = (HEAD_DIM // plan.block_v, c.N, c.layers * c.H)
     _replayssm_fold_kernel[grid](
         ssm_state, rv, rk, rg, rb, slot_indices, accept_lens,
         conv_ptr, icw_ptr, irow_ptr, tslot_ptr, tstep_ptr,
-        H, L, icw_steps,
+        c.H, c.L, icw_steps,
         ssm_state.stride(0), ssm_state.stride(1),
         rv.stride(0), rv.stride(1), rv.stride(2), rv.stride(3),
         rk.stride(0), rk.stride(1), rk.stride(2), rk.stride(3),
         rg.stride(0), rg.stride(1), rg.stride(2), rg.stride(3),
         rb.stride(0), rb.stride(1), rb.stride(2), rb.stride(3),
         *conv_strides, *icw_strides,
-        BV=BV, CONV=with_conv, TRACK=track,
-        num_warps=warps, **LC.pdl_kwargs(dev),
+        BV=plan.block_v, CONV=c.conv_state is not None, TRACK=c.track,
+        num_warps=plan.num_warps, **LC.pdl_kwargs(ssm_state.device),
     )
-    return ssm_state.squeeze(0) if single else ssm_state

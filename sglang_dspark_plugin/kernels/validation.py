@@ -15,11 +15,8 @@ from typing import Optional, Sequence
 import torch
 
 from sglang_dspark_plugin.errors import dspark_error
+from sglang_dspark_plugin.settings import ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM
 
-HEAD_DIM = 128
-CONV_WIDTH = 4
-
-ACT_DTYPES = (torch.bfloat16, torch.float32)
 INDEX_DTYPE = torch.int32
 
 # One code per distinct problem; docs/kernels.md keeps the same list.
@@ -43,7 +40,9 @@ E_DEVICE = "DSPARK-E117"  # tensors on different devices
 E_OUT = "DSPARK-E118"  # out buffer shape / dtype / layout
 E_FOLD_ARGS = "DSPARK-E119"  # fold: partial conv-roll / track argument set, layer mismatch
 E_SCALAR = "DSPARK-E120"  # lower_bound / scale not a Python number (a tensor would need a host sync)
-E_BLOCK = "DSPARK-E121"  # block_v not a power of two dividing 128
+E_BLOCK_V = "DSPARK-E121"  # block_v not a power of two in 1..128
+E_BLOCK_K = "DSPARK-E122"  # block_k (the chunked verify's K-chunk) not a power of two in 16..128
+E_IMPL = "DSPARK-E123"  # impl names no kernel of the wrapper
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -94,16 +93,41 @@ def check_scalar(name: str, value, allow_none: bool) -> Optional[float]:
     return float(value)
 
 
+def _power_of_two_upto_head_dim(value) -> bool:
+    return isinstance(value, int) and 1 <= value <= HEAD_DIM and not value & (value - 1)
+
+
 def check_block_v(block_v: int) -> int:
-    if not isinstance(block_v, int) or block_v < 1 or block_v > HEAD_DIM or (block_v & (block_v - 1)):
+    if not _power_of_two_upto_head_dim(block_v):
         raise dspark_error(
-            E_BLOCK, "block_v", expected="a power of two in 1..128", got=repr(block_v),
-            fix="leave block_v=None for the default, or pass 16, 32, 64 or 128",
+            E_BLOCK_V, "block_v", expected="a power of two in 1..128", got=repr(block_v),
+            fix="leave block_v=None for the launch table's choice, or pass 16, 32, 64 or 128",
         )
     return block_v
 
 
-def check_activations(tensors: Sequence[tuple], *, name_for_fix: str = "x") -> tuple[int, int, torch.dtype]:
+def check_block_k(block_k: int) -> int:
+    """The chunked verify's ``tl.dot`` K-chunk; values below 16 (tl.dot's minimum) are raised to 16
+    by the launcher, as before."""
+    if not _power_of_two_upto_head_dim(block_k):
+        raise dspark_error(
+            E_BLOCK_K, "block_k", expected="a power of two in 1..128 (16..128 are used; smaller values run as 16)",
+            got=repr(block_k), fix="leave block_k=None for the launch table's choice, or pass 16, 32, 64 or 128",
+        )
+    return block_k
+
+
+def check_impl(impl, choices: Sequence[Optional[str]]) -> None:
+    """``impl`` is one of the wrapper's ``choices`` (None and "auto" = the launch table's choice)."""
+    if impl not in choices:
+        names = ["None" if c is None else f'"{c}"' for c in choices]
+        raise dspark_error(
+            E_IMPL, "impl", expected=", ".join(names[:-1]) + " or " + names[-1], got=repr(impl),
+            fix="leave impl=None (the launch table's choice for these shapes)",
+        )
+
+
+def check_activations(tensors: Sequence[tuple]) -> tuple[int, int, torch.dtype]:
     """Check q/k/v(/a)-style activations: ``[1, T, H, 128]``, last dim contiguous.
 
     ``tensors`` is a sequence of ``(name, tensor, require_same_dtype_as_first)``.
@@ -130,7 +154,7 @@ def check_activations(tensors: Sequence[tuple], *, name_for_fix: str = "x") -> t
                 fix="these kernels are specialised for K = V = 128; use SGLang's generic KDA path "
                     "(the dspark backend falls back to it automatically for other head sizes)",
             )
-        if t.dtype not in ACT_DTYPES:
+        if t.dtype not in ACTIVATION_DTYPES:
             raise dspark_error(
                 E_DTYPE, name, expected="bfloat16 or float32", got=str(t.dtype),
                 fix=f"cast {name} to the model's activation dtype (bf16 in SGLang)",
@@ -163,7 +187,7 @@ def check_beta(b, T: int, H: int) -> None:
         fix = "a 2-D [T, H] tensor becomes [1, T, H] with b.unsqueeze(0)" if b.dim() == 2 else \
             f"reshape b to [1, {T}, {H}] (raw beta logits, one per token and head)"
         raise dspark_error(E_BETA_SHAPE, "b", expected=f"[1, {T}, {H}] (raw beta logits)", got=_shape(b), fix=fix)
-    if b.dtype not in ACT_DTYPES:
+    if b.dtype not in ACTIVATION_DTYPES:
         raise dspark_error(E_DTYPE, "b", expected="bfloat16 or float32", got=str(b.dtype),
                            fix="cast b to the activation dtype")
 

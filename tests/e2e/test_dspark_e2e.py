@@ -28,8 +28,9 @@ from typing import Dict, Optional
 
 import pytest
 
-from sglang_dspark_plugin.harness.serving import ServerStartError, gpu_available, tiny_model_args
+from sglang_dspark_plugin.harness.serving import ServerStartError, tiny_model_args
 from sglang_dspark_plugin.harness.tiny_models import DRAFT_DIR, SPS_TABLE_FILE, default_out_dir
+from sglang_dspark_plugin.settings import gpu_available
 
 from e2e_kit import (
     MAX_TOKENS,

@@ -33,7 +33,8 @@ from typing import Dict, List, Optional
 import torch
 
 from sglang_dspark_plugin.harness import tiny_models
-from sglang_dspark_plugin.harness.serving import SGLangServer, gpu_available, tiny_model_args
+from sglang_dspark_plugin.harness.serving import SGLangServer, tiny_model_args
+from sglang_dspark_plugin.settings import gpu_available
 
 # Harness dry run without a GPU (the tiny model only, small workload): checks this kit, not the GPU.
 ON_CPU = not gpu_available()

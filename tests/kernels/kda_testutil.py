@@ -6,13 +6,13 @@ conv weights ~ U(-0.5, 0.5) (PyTorch's conv1d init for width 4), state ~ 0.5*ran
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
-HEAD = 128
+from sglang_dspark_plugin.settings import HEAD_DIM as HEAD
+
 F64 = torch.float64
 
 
@@ -184,7 +184,3 @@ def make_problem(*, N: int, H: int, num_spec: int, dtype: torch.dtype, lower_bou
         intermediate_rows=torch.tensor(row_list, **i32), slots=slots, rows=rows,
         extra=dict(lengths=list(lengths), slot_list=list(slot_list), row_list=list(row_list)),
     )
-
-
-def default_scale() -> float:
-    return 1.0 / math.sqrt(HEAD)

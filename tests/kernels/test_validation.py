@@ -60,6 +60,7 @@ VERIFY_CASES = {
     "out-shape": (lambda p, a, k: k.update(out=torch.empty(1, p.T, p.H, 64, dtype=p.dtype)), "DSPARK-E118"),
     "lower_bound-tensor": (lambda p, a, k: k.update(lower_bound=torch.tensor(-5.0)), "DSPARK-E120"),
     "block_v": (lambda p, a, k: k.update(block_v=48), "DSPARK-E121"),
+    "impl": (lambda p, a, k: k.update(impl="tiled"), "DSPARK-E123"),
 }
 
 
@@ -91,6 +92,10 @@ def test_verify_ring_mode_rejects_partial_and_bad_rings():
     with pytest.raises(DSparkError, match="linear-replayssm-cache-len") as ei:
         _call_verify(args, dict(kw, **short))
     assert ei.value.code == "DSPARK-E109"
+    # The chunked kernel's K-chunk has a code of its own (block_v's is E121), naming block_k.
+    with pytest.raises(DSparkError, match="block_k: expected") as ei:
+        _call_verify(args, dict(kw, impl="chunked", block_k=48))
+    assert ei.value.code == "DSPARK-E122"
 
 
 def test_fix_hint_for_3d_and_2d_inputs():
@@ -121,6 +126,8 @@ DECODE_CASES = {
     "conv-D": (lambda p, a, k: k.update(conv_state=k["conv_state"][..., :-1]), "DSPARK-E106"),
     "slots-2d": (lambda p, a, k: k.update(slot_indices=k["slot_indices"][None]), "DSPARK-E111"),
     "scale-tensor": (lambda p, a, k: k.update(scale=torch.tensor(0.1)), "DSPARK-E120"),
+    "block_v": (lambda p, a, k: k.update(block_v=0), "DSPARK-E121"),
+    "impl": (lambda p, a, k: k.update(impl="chunked"), "DSPARK-E123"),
 }
 
 
@@ -163,6 +170,14 @@ FOLD_CASES = {
     "track-partial": (lambda s, k: k.update(track_steps=k["accept_lens"]) or s, "DSPARK-E119"),
     "icw-transposed": (lambda s, k: k.update(intermediate_conv=k["intermediate_conv"].transpose(-1, -2)) or s,
                        "DSPARK-E114"),
+    # conv state and conv windows share the rings' (activation) dtype
+    "conv-dtype": (lambda s, k: k.update(conv_state=k["conv_state"].float()) or s, "DSPARK-E106"),
+    "icw-dtype": (lambda s, k: k.update(intermediate_conv=k["intermediate_conv"].float()) or s, "DSPARK-E114"),
+    "conv-and-icw-fp32-rings-bf16": (lambda s, k: k.update(conv_state=k["conv_state"].float(),
+                                                         intermediate_conv=k["intermediate_conv"].float()) or s,
+                                     "DSPARK-E106"),
+    "block_v": (lambda s, k: k.update(block_v=256) or s, "DSPARK-E121"),
+    "impl": (lambda s, k: k.update(impl="chunked") or s, "DSPARK-E123"),
 }
 
 

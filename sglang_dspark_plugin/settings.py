@@ -1,0 +1,69 @@
+"""Every setting of the plugin in one place: its environment variables, the kernel geometry it is
+built for, and where it runs.
+
+Environment variables all start with ``SGLANG_DSPARK_`` and are listed in ``ENV_VARS`` (README.md,
+"Settings", has the same table; ``tests/test_settings.py`` keeps the two in step). They are read
+when used, not at import, so a test or a launcher can set them after importing the package.
+``TRITON_INTERPRET`` is Triton's own variable; it is read here too because the launch table and
+the CPU support depend on it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+# --- kernel geometry: what the bundled kernels are specialised for -------------------------------
+
+HEAD_DIM = 128  # K = V = 128 per KDA head (Kimi-Linear, Kimi-K3)
+CONV_WIDTH = 4  # short conv of q/k/v: 3 previous inputs + the current one
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)  # q/k/v/a/b, conv state, rings; the state is fp32
+
+# --- environment variables --------------------------------------------------------------------
+
+FULL_ATTN_BACKEND_ENV = "SGLANG_DSPARK_FULL_ATTN_BACKEND"
+CPU_ENV = "SGLANG_DSPARK_CPU"
+PDL_ENV = "SGLANG_DSPARK_PDL"
+TINY_DIR_ENV = "SGLANG_DSPARK_TINY_DIR"
+
+ENV_VARS = {
+    FULL_ATTN_BACKEND_ENV: "stock SGLang backend for the MLA / full-attention layers (default: fa3 on "
+    "Hopper, flashinfer on Blackwell, else triton)",
+    CPU_ENV: "1 = install the CPU-only shims of harness/cpu_support.py (no-GPU runs of the harness: the "
+    "demo, the server launcher, the tests); unset, the plugin changes nothing outside dspark",
+    PDL_ENV: "0 = launch the kernels without programmatic dependent launch (sm_90+; default on)",
+    TINY_DIR_ENV: "where harness/tiny_models.py writes the tiny test models (default: configs/ of a "
+    "source checkout, else the user cache)",
+}
+
+
+def full_attn_backend_override() -> Optional[str]:
+    """``SGLANG_DSPARK_FULL_ATTN_BACKEND``, or None when unset or empty."""
+    return os.environ.get(FULL_ATTN_BACKEND_ENV) or None
+
+
+def cpu_requested() -> bool:
+    """``SGLANG_DSPARK_CPU=1``: the harness asks for the CPU-only shims (``harness/cpu_support.py``)."""
+    return os.environ.get(CPU_ENV) == "1"
+
+
+def pdl_enabled() -> bool:
+    """``SGLANG_DSPARK_PDL`` is not ``0`` (programmatic dependent launch where the GPU has it)."""
+    return os.environ.get(PDL_ENV, "1") != "0"
+
+
+def tiny_dir() -> Optional[str]:
+    """``SGLANG_DSPARK_TINY_DIR``, or None when unset or empty."""
+    return os.environ.get(TINY_DIR_ENV) or None
+
+
+def interpreting() -> bool:
+    """Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1``, CPU runs)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def gpu_available() -> bool:
+    """PyTorch sees a CUDA device."""
+    return torch.cuda.is_available()

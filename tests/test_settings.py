@@ -1,0 +1,66 @@
+"""One place for settings: every environment variable the plugin reads is defined in
+``settings.py`` (one prefix, ``SGLANG_DSPARK_``), read there only, and documented in README.md."""
+
+import ast
+import pathlib
+import re
+
+from sglang_dspark_plugin import settings
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "sglang_dspark_plugin"
+ENV_NAME = re.compile(r"\bSGLANG_DSPARK_[A-Z0-9_]+\b")
+# The product (what SGLang runs); harness/ (demo, launcher, tiny models, CPU shims) is not.
+PRODUCT = [p for p in PACKAGE.rglob("*.py") if "harness" not in p.relative_to(PACKAGE).parts]
+
+
+def readme_settings_table() -> dict:
+    """``{variable: row}`` of the table in README.md's "Settings" section."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(SGLANG_DSPARK_[A-Z0-9_]+)` \|(.*)$", section, flags=re.M)
+    return dict(rows)
+
+
+def test_every_variable_has_one_prefix_and_a_description():
+    assert settings.ENV_VARS
+    for name, description in settings.ENV_VARS.items():
+        assert name.startswith("SGLANG_DSPARK_") and description, name
+
+
+def test_readme_table_lists_exactly_the_settings_variables():
+    assert set(readme_settings_table()) == set(settings.ENV_VARS)
+
+
+def test_package_names_no_variable_that_settings_does_not_define():
+    """A ``SGLANG_DSPARK_*`` name anywhere in the package (harness included) is one of settings'."""
+    named = {m for path in PACKAGE.rglob("*.py") for m in ENV_NAME.findall(path.read_text())}
+    assert named <= set(settings.ENV_VARS), sorted(named - set(settings.ENV_VARS))
+
+
+def test_product_reads_the_environment_only_in_settings():
+    offenders = []
+    for path in PRODUCT:
+        if path.name == "settings.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv"):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, offenders
+
+
+def test_constants_are_defined_once():
+    """HEAD_DIM, CONV_WIDTH and the activation dtypes live in settings.py only."""
+    offenders = []
+    for path in PRODUCT:
+        if path.name == "settings.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and target.id in ("HEAD_DIM", "CONV_WIDTH", "ACTIVATION_DTYPES",
+                                                                        "ACT_DTYPES"):
+                        offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {target.id}")
+            if isinstance(node, ast.FunctionDef) and node.name == "gpu_available":
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} gpu_available")
+    assert not offenders, offenders
