@@ -27,16 +27,16 @@ def test_generation_is_reproducible_and_idempotent(tmp_path):
     assert weights.stat().st_mtime_ns == mtime
 
 
-@pytest.mark.parametrize("spec", tiny_models.SPECS.values(), ids=lambda s: s.name)
-def test_committed_configs_match_generator(tmp_path, spec):
+@pytest.mark.parametrize("model_spec", tiny_models.SPECS.values(), ids=lambda s: s.name)
+def test_committed_configs_match_generator(tmp_path, model_spec):
     """configs/<model>/ (config.json, tokenizer files) are exactly what the generator writes."""
-    tiny_models.ensure_models(spec, tmp_path, log=lambda m: None, weights=False)
-    for sub in (spec.target_dir, spec.draft_dir):
+    tiny_models.ensure_models(model_spec, tmp_path, log=lambda m: None, weights=False)
+    for sub in (model_spec.target_dir, model_spec.draft_dir):
         generated = {p.name for p in (tmp_path / sub).iterdir()}
         assert "config.json" in generated and "tokenizer.json" in generated
         for name in generated:
             assert (REPO_CONFIGS / sub / name).read_bytes() == (tmp_path / sub / name).read_bytes(), (
-                f"configs/{sub}/{name} is stale: run python -m sglang_dspark_plugin.harness.tiny_models --model {spec.name} "
+                f"configs/{sub}/{name} is stale: run python -m sglang_dspark_plugin.harness.tiny_models --model {model_spec.name} "
                 "after deleting it")
 
 

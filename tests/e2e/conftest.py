@@ -11,6 +11,8 @@ server runs at a time.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("sglang")
@@ -72,7 +74,10 @@ def pytest_collection_modifyitems(items):
     """Record the order in which the (already regrouped) tests use the speculative servers, and
     skip the configurations this machine cannot run (with the reason)."""
     SPEC_ORDER.clear()
-    for item in items:
+    here = os.path.dirname(os.path.abspath(__file__))
+    for item in items:  # (the hook sees the whole session's items: only this folder's are ours)
+        if not str(item.fspath).startswith(here):
+            continue
         callspec = getattr(item, "callspec", None)
         config = callspec.params.get("spec") if callspec else None
         if config is None:
