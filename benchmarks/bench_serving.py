@@ -8,7 +8,9 @@ Configurations (``CONFIGS``), every one with CUDA graphs for every batch size it
 overlap scheduler and the same draft: ``stock`` (SGLang's own backend, no speculation),
 ``stock-dspark`` (SGLang's KDA verify path, snapshot commit), ``stock-dspark-replayssm``,
 ``dspark`` (our backend, plain decode), ``dspark-dspark`` (our verify, snapshot commit),
-``dspark-dspark-replayssm`` (our verify + ReplaySSM fold).
+``dspark-dspark-replayssm`` (our verify + ReplaySSM fold), and plain decode through SGLang's decode
+ring (``--enable-linear-replayssm``, which needs the no_buffer radix strategy and no overlap
+scheduler): ``stock-ring`` (SGLang's buffered decode), ``dspark-ring`` (ours).
 
 Per configuration and concurrency ``c``: ``c`` clients send requests back to back (``requests =
 max(8, 4c)``, each a distinct seeded random prompt of ``--prompt-len`` tokens, exactly
@@ -63,6 +65,7 @@ class Config:
     backend: str  # "dspark" or "stock"
     speculative: bool
     replayssm: bool = False
+    decode_ring: bool = False
 
 
 CONFIGS = [
@@ -72,6 +75,9 @@ CONFIGS = [
     Config("dspark", "dspark", False),
     Config("dspark-dspark", "dspark", True),
     Config("dspark-dspark-replayssm", "dspark", True, True),
+    # plain decode through SGLang's decode ring (--enable-linear-replayssm; no_buffer radix, no overlap)
+    Config("stock-ring", "stock", False, decode_ring=True),
+    Config("dspark-ring", "dspark", False, decode_ring=True),
 ]
 
 
@@ -88,6 +94,9 @@ def server_args(cfg: Config, args) -> List[str]:
         "--sampling-backend", "pytorch",
         "--tp-size", str(args.tp_size),
     ]  # fmt: skip
+    if cfg.decode_ring:
+        extra += ["--enable-linear-replayssm", "--linear-replayssm-cache-len", "16",
+                  "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"]  # fmt: skip
     backend = full_attention_delegate() if cfg.backend == "stock" else "dspark"
     return tiny_model_args(
         args.gamma if cfg.speculative else None,

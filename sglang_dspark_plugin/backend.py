@@ -6,7 +6,7 @@ for Kimi-style models served with ``--attention-backend dspark``. Per forward mo
 | forward mode (SGLang)        | path                                                            |
 |------------------------------|-----------------------------------------------------------------|
 | TARGET_VERIFY, num_spec >= 1 | ``layout.densify_verify_batch`` -> ``kernels.mtp_verify`` (ring mode under ``--enable-linear-replayssm-spec``, snapshot mode otherwise) -> back to SGLang's token order |
-| DECODE (num_spec == 0)       | ``kernels.decode`` (conv + recurrence, in place) + SGLang's radix track bookkeeping |
+| DECODE (num_spec == 0)       | ``kernels.decode`` (conv + recurrence, in place; buffered in SGLang's decode ring under ``--enable-linear-replayssm``) + SGLang's radix track bookkeeping |
 | EXTEND / prefill             | SGLang's own chunked prefill (``KDAAttnBackend.forward_extend``) |
 | commit after verify          | ``commit.commit_verified_states`` (ReplaySSM fold, or SGLang's snapshot scatter) |
 
@@ -120,6 +120,14 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             return f"conv width {layer.conv_weights.shape[-1]} != {CONV_WIDTH}"
         if layer.bias is not None:
             return "conv bias is set"
+        cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        if cache.temporal.shape[-3] != layer.num_v_heads or cache.conv[0].shape[-1] != layer.conv_weights.shape[0]:
+            # e.g. data-parallel attention, where SGLang shards Kimi-Linear's KDA layer over the
+            # TP group but sizes the state pool by the attention-TP group
+            return (
+                f"state pool for {cache.temporal.shape[-3]} heads / {cache.conv[0].shape[-1]} conv channels, "
+                f"layer with {layer.num_v_heads} heads / {layer.conv_weights.shape[0]} channels"
+            )
         state_dtype = self.req_to_token_pool.mamba_pool.mamba_cache.temporal.dtype
         if state_dtype != torch.float32:
             return f"recurrent state dtype {state_dtype} (the dspark kernels keep fp32 state)"
@@ -146,14 +154,28 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         reason = self._fallback_reason(layer, mixed_qkv, verify=False)
         cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
-        if reason is None and cache.replayssm_d is not None and self.num_draft_tokens is None:
-            reason = "ReplaySSM decode ring (--enable-linear-replayssm)"
+        fm = self.forward_metadata
+        # SGLang's decode ring (--enable-linear-replayssm): the pool state is a checkpoint and the
+        # ring buffers the tokens since; SGLang snapshots and advances the per-request cursor.
+        # (Under --enable-linear-replayssm-spec the pool also has replayssm_d, unused by decode.)
+        ring = cache.replayssm_d is not None and self.num_draft_tokens is None
+        if reason is None and ring and getattr(fm, "replayssm_write_pos", None) is None:
+            reason = "ReplaySSM decode ring without a write_pos in the forward metadata"
         if reason is not None:
             _warn_fallback_once(reason)
             return super().forward_decode(layer, forward_batch, mixed_qkv, a, b, **kwargs)
 
         num_tokens, heads = mixed_qkv.shape[0], layer.num_v_heads
-        slots = self.forward_metadata.mamba_cache_indices
+        slots = fm.mamba_cache_indices
+        buffered = {}
+        if ring:
+            buffered = dict(
+                ring_d=cache.replayssm_d,
+                ring_k=cache.replayssm_k,
+                ring_g=cache.replayssm_g,
+                write_pos=_as_int32(fm.replayssm_write_pos[:num_tokens]),
+                force_flush=None if fm.replayssm_force_flush is None else _as_int32(fm.replayssm_force_flush[:num_tokens]),
+            )
         q, k, v = split_mixed_qkv(mixed_qkv, heads)
         out = decode(
             q, k, v,
@@ -161,11 +183,12 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             as_dense_beta(b, num_tokens, heads),
             slot_indices=_as_int32(slots[:num_tokens]),
             **_layer_state_args(layer, cache),
+            **buffered,
         )
         self._track_mamba_state_decode(
             forward_batch, cache.conv[0], cache.temporal, slots, layer.layer_id
         )
-        _log_kernel_first_use("decode")
+        _log_kernel_first_use("decode (buffered)" if ring else "decode")
         return out
 
     # --- TARGET_VERIFY ----------------------------------------------------------------------------

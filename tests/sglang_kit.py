@@ -110,6 +110,7 @@ class KDARunner(ModelRunner):
         pool_size: int = 4,
         num_draft_tokens: int = 0,
         replayssm: bool = False,
+        decode_ring: bool = False,
         ring_len: int = 16,
         hf_config=None,
         device: str = "cpu",
@@ -147,6 +148,7 @@ class KDARunner(ModelRunner):
             linear_attn_prefill_backend=None,
             linear_attn_verify_backend=None,
             enable_linear_replayssm_spec=replayssm,
+            enable_linear_replayssm=decode_ring,
             linear_replayssm_cache_len=ring_len,
             max_running_requests=None,
             revision=None,
@@ -184,6 +186,7 @@ class KDARunner(ModelRunner):
             speculative_num_draft_tokens=num_draft_tokens or None,
             enable_overlap_schedule=False,
             enable_linear_replayssm_spec=replayssm,
+            enable_linear_replayssm=decode_ring,
             linear_replayssm_cache_len=ring_len,
         )
         self.token_to_kv_pool = MHATokenToKVPool(

@@ -24,7 +24,7 @@ from sglang.srt.model_executor.forward_context import ForwardContext, forward_co
 
 from sglang_kit import KDARunner, bind_requests, dflash_verify_input, make_forward_batch
 from sglang_dspark_plugin.errors import DSparkError
-from sglang_dspark_plugin.kernels.reference import sequential_ref
+from sglang_dspark_plugin.kernels.reference import buffered_decode_state_ref, sequential_ref
 
 H = 2
 D = 3 * H * 128
@@ -74,7 +74,7 @@ class Setup:
     """One KDA layer on SGLang's pools, built through SGLang's construction chain."""
 
     def __init__(self, *, window: int, replayssm: bool, lower_bound=None, bias=False, backend="dspark", seed=0,
-                 dtype=DTYPE):
+                 dtype=DTYPE, decode_ring_len=None):
         from sglang.srt.layers.attention import attention_registry
 
         torch.manual_seed(seed)
@@ -86,6 +86,8 @@ class Setup:
             pool_size=POOL,
             num_draft_tokens=window if window > 1 else 0,
             replayssm=replayssm,
+            decode_ring=decode_ring_len is not None,
+            ring_len=decode_ring_len or 16,
             dtype=dtype,
         )
         full = attention_registry.ATTENTION_BACKENDS[backend](self.runner)
@@ -399,5 +401,41 @@ def test_radix_track_snapshot_is_written(replayssm):
         assert rel_err(setup.cache.temporal[0, track_slot], ref_state) <= 1e-5
         assert rel_err(setup.cache.conv[0][0, track_slot], ref_window) <= 1e-6
         assert torch.equal(setup.cache.temporal[0, 0], s0[0])  # step -1: no snapshot
+    finally:
+        setup.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_buffered_decode_keeps_sglangs_ring_contract(dtype):
+    """--enable-linear-replayssm (plain decode, no speculation): the dspark decode reads and writes
+    SGLang's decode ring under SGLang's own cursor (the hybrid backend snapshots and advances
+    ``replayssm_write_pos`` per step, wrapping at L - 1 with a flush). Across two wraps: outputs
+    equal the float64 sequential reference, the cursor is where SGLang puts it, and the pool state
+    plus the ring rows SGLang says are pending give the reference state."""
+    L = 4
+    steps = 2 * L + 2
+    setup = Setup(window=1, replayssm=False, seed=11, dtype=dtype, decode_ring_len=L)
+    try:
+        s0, c0 = setup.state()
+        tokens = [setup.tokens(NUM_REQ) for _ in range(steps)]
+        outs = [setup.run(ForwardMode.DECODE, [1] * NUM_REQ, *tok) for tok in tokens]
+        pool = setup.runner.req_to_token_pool.mamba_pool
+        tol = TOLERANCE[dtype]
+        for r, slot in enumerate(setup.slots):
+            mixed = torch.cat([tok[0][r : r + 1] for tok in tokens])
+            a = torch.cat([tok[1][r : r + 1] for tok in tokens])
+            b = torch.cat([tok[2][:, r : r + 1] for tok in tokens], dim=1)
+            out_ref, state_ref, conv_ref = setup.reference(s0, c0, mixed, a, b, slot)
+            out = torch.stack([o.view(NUM_REQ, H, 128)[r] for o in outs])
+            assert rel_err(out, out_ref) <= tol["out"], rel_err(out, out_ref)
+            pending = int(pool.replayssm_write_pos[slot])
+            assert pending == steps % L  # SGLang's cursor: +1 per step, 0 after the flush at L - 1
+            cache = setup.cache
+            state = buffered_decode_state_ref(cache.temporal[0], cache.replayssm_d[0], cache.replayssm_k[0],
+                                              cache.replayssm_g[0], slot, pending)
+            assert rel_err(state, state_ref) <= tol["state"], rel_err(state, state_ref)
+            # and the pool really holds a checkpoint: the pending tokens are only in the ring
+            assert pending > 0 and rel_err(cache.temporal[0][slot], state_ref) > 1e-3
+            assert rel_err(cache.conv[0][0][slot], conv_ref) <= tol["conv"]
     finally:
         setup.close()

@@ -1,9 +1,22 @@
-"""Plain KDA decode (num_spec == 0): one token per request, conv and recurrent state in place.
+"""KDA decode (num_spec == 0): one token per request, conv state in place; the recurrent state
+either in place (plain) or buffered in SGLang's decode ring (``--enable-linear-replayssm``).
 
 One Triton program owns one (request, head) and loops over the V-tiles of the head itself, so
 no other program ever reads a conv window this program shifts (a V-split grid would race: a
 program could read a window another program already advanced). Inside the program every read
 of the old conv window happens before a barrier and every write of the shifted window after it.
+
+Buffered ("ReplaySSM decode ring", SGLang's contract): the pool's state ``S0`` is a checkpoint
+``w`` tokens old, where ``w = write_pos`` (SGLang snapshots it per request for this step and
+advances it afterwards: to 0 after a flush, else ``w + 1``). Ring rows ``j < w`` hold each of those
+tokens' corrected delta ``d_j = beta_j (v_j - S'_j k_j)`` ``[V]``, normalised key ``k_j`` and
+log-gate ``g_j`` ``[K]``, so the state before this token is, per K channel ``c``::
+
+    S[:, c] = exp(G_w[c]) S0[:, c] + sum_j d_j exp(G_w[c] - G_{j+1}[c]) k_j[c],   G_m = sum_{i<m} g_i
+
+(one ``[BV, LP] x [LP, K]`` ``tl.dot`` per V-tile). This token's step runs on it as in plain
+decode; then either its row ``(d_w, k_w, g_w)`` is appended (nothing else written: one state read,
+a few KiB written) or, at ``w == L - 1`` or a forced flush, the new state goes to the pool.
 """
 
 from __future__ import annotations
@@ -30,7 +43,11 @@ def _decode_kernel(
     H, lower_bound, scale,
     s_q_t, s_q_h, s_k_t, s_k_h, s_v_t, s_v_h, s_a_t, s_a_h, s_b_t, s_b_h, s_o_t, s_o_h,
     s_w, s_ssm_slot, s_conv_slot, s_conv_row,
-    BV: tl.constexpr, ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, USE_PDL: tl.constexpr = False,
+    rd_ptr, rk_ptr, rg_ptr, wp_ptr, ff_ptr, ring_len,
+    s_rd_slot, s_rd_h, s_rd_l, s_rk_slot, s_rk_h, s_rk_l, s_rg_slot, s_rg_h, s_rg_l,
+    BV: tl.constexpr, ACT_BF16: tl.constexpr, USE_LB: tl.constexpr,
+    BUFFERED: tl.constexpr = False, LP: tl.constexpr = 16, HAS_FORCE_FLUSH: tl.constexpr = False,
+    DOT_PREC: tl.constexpr = "tf32x3", USE_PDL: tl.constexpr = False,
 ):
     _pdl_enter(USE_PDL)
     n = tl.program_id(0)
@@ -74,6 +91,23 @@ def _decode_kernel(
         beta = _sigmoid(tl.load(b_ptr + tok * s_b_t + h64 * s_b_h).to(tl.float32))
 
         s_base = ssm_ptr + slot * s_ssm_slot + h64 * (KD * KD)
+        if BUFFERED:
+            # Ring rows j < w of this (slot, head), rows >= w masked to 0, and the decays that
+            # carry each row and the checkpoint up to this token (module docstring).
+            w = tl.load(wp_ptr + n)
+            flush = w == ring_len - 1
+            if HAS_FORCE_FLUSH:
+                flush = flush | (tl.load(ff_ptr + n) != 0)
+            offs_l = tl.arange(0, LP)
+            rows = offs_l < w
+            rd_base = rd_ptr + slot * s_rd_slot + h64 * s_rd_h
+            rk_base = rk_ptr + slot * s_rk_slot + h64 * s_rk_h
+            rg_base = rg_ptr + slot * s_rg_slot + h64 * s_rg_h
+            ring_g = tl.load(rg_base + offs_l[:, None] * s_rg_l + offs_k[None, :], mask=rows[:, None], other=0.0)
+            ring_k = tl.load(rk_base + offs_l[:, None] * s_rk_l + offs_k[None, :], mask=rows[:, None], other=0.0)
+            G = tl.sum(ring_g, axis=0)
+            carried_k = tl.where(rows[:, None], ring_k * tl.exp(G[None, :] - tl.cumsum(ring_g, axis=0)), 0.0)
+            checkpoint_decay = tl.exp(G)
         for iv in range(NV):
             offs_v = iv * BV + tl.arange(0, BV)
             ch_v = 2 * H * KD + h * KD + offs_v
@@ -83,10 +117,27 @@ def _decode_kernel(
             yv = _round_act(_conv_silu(v0, v1, v2, xv, wv0, wv1, wv2, wv3), ACT_BF16)
 
             s_ptrs = s_base + offs_v[:, None] * KD + offs_k[None, :]
-            S = _delta_step(tl.load(s_ptrs), kn, g, beta, yv)
-            tl.store(s_ptrs, S)
+            if BUFFERED:
+                d = tl.load(rd_base + offs_l[:, None] * s_rd_l + offs_v[None, :], mask=rows[:, None], other=0.0)
+                S = tl.load(s_ptrs) * checkpoint_decay[None, :]
+                S = tl.dot(tl.trans(d), carried_k, S, input_precision=DOT_PREC)
+                # the step of _delta_step, keeping its corrected delta u for the ring
+                S = S * tl.exp(g)[None, :]
+                u = beta * (yv - tl.sum(S * kn[None, :], axis=1))
+                S = tl.fma(u[:, None], kn[None, :], S)
+                if flush:
+                    tl.store(s_ptrs, S)
+                else:
+                    tl.store(rd_base + w * s_rd_l + offs_v, u)
+            else:
+                S = _delta_step(tl.load(s_ptrs), kn, g, beta, yv)
+                tl.store(s_ptrs, S)
             o = tl.sum(S * qn[None, :], axis=1)
             tl.store(o_base + offs_v, _round_act(o, ACT_BF16).to(out_ty))
+        if BUFFERED:
+            if not flush:
+                tl.store(rk_base + w * s_rk_l + offs_k, kn)
+                tl.store(rg_base + w * s_rg_l + offs_k, g)
 
         # ---- shifted windows (c0, c1, c2) <- (c1, c2, x), after every read above ----
         tl.debug_barrier()
@@ -107,10 +158,14 @@ def decode(
     conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: Optional[float],
     ssm_state: torch.Tensor, conv_state: torch.Tensor, slot_indices: torch.Tensor,
     scale: Optional[float] = None, out: Optional[torch.Tensor] = None,
+    ring_d: Optional[torch.Tensor] = None, ring_k: Optional[torch.Tensor] = None,
+    ring_g: Optional[torch.Tensor] = None, write_pos: Optional[torch.Tensor] = None,
+    force_flush: Optional[torch.Tensor] = None,
     block_v: Optional[int] = None, num_warps: Optional[int] = None,
-    impl: Optional[str] = None,
+    impl: Optional[str] = None, dot_precision: str = "tf32x3",
 ) -> torch.Tensor:
-    """KDA decode step for B requests of one token each; updates conv and recurrent state in place.
+    """KDA decode step for B requests of one token each; updates the conv state in place and the
+    recurrent state in place (plain) or through SGLang's decode ring (buffered: the rings given).
 
     Parameters
     ----------
@@ -131,11 +186,26 @@ def decode(
         ``[B]`` int32; ``-1`` = padding: state and conv untouched, output row zero.
     out : torch.Tensor, optional
         ``[1, B, H, 128]`` activation dtype, last dim contiguous; allocated when None.
+    ring_d, ring_k, ring_g : torch.Tensor, optional
+        Buffered decode (``--enable-linear-replayssm``): the layer's decode rings
+        ``[slots, H, L, 128]`` fp32 (SGLang's ``replayssm_d`` / ``replayssm_k`` / ``replayssm_g``):
+        per ring row, corrected delta ``d`` (over V), normalised key and log-gate (over K). Rows
+        ``< write_pos`` are read; row ``write_pos`` is written unless this step flushes.
+    write_pos : torch.Tensor, optional
+        ``[B]`` int32, SGLang's per-request snapshot of the ring cursor for this step (rows
+        already buffered, ``0 .. L-1``); ``ssm_state[slot]`` is that many tokens old. At
+        ``write_pos == L - 1`` the step flushes: the new state goes to ``ssm_state``.
+    force_flush : torch.Tensor, optional
+        ``[B]`` int32, nonzero = flush this step whatever ``write_pos`` (SGLang's radix track).
     block_v, num_warps : int, optional
         Tuning knobs (defaults from :mod:`.launch_config`, keyed on H and N): V-tile rows per loop
-        step (power of two dividing 128; 128 = the whole state tile at once) and warps.
+        step (power of two dividing 128; 128 = the whole state tile at once; >= 16 when buffered)
+        and warps.
     impl : str, optional
         ``None`` / ``"auto"`` / ``"rows"``: the recurrent ``[block_v, 128]`` kernel (the only one).
+    dot_precision : str
+        ``tl.dot`` precision of the buffered state reconstruction (``"tf32x3"``: about fp32;
+        ``"ieee"``).
 
     Returns
     -------
@@ -163,14 +233,23 @@ def decode(
         out = torch.empty((1, T, H, HEAD_DIM), dtype=act, device=dev)
     else:
         V.check_out(out, T, H, act)
+    L = V.check_decode_ring(ring_d, ring_k, ring_g, write_pos, H, ssm_state.shape[0], B)
+    if L and force_flush is not None:
+        V.check_index("force_flush", force_flush, B, what="nonzero = flush this step")
+    buffered = dict(ring_d=ring_d, ring_k=ring_k, ring_g=ring_g, write_pos=write_pos) if L else {}
     V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
-                   ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, out=out)
+                   ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, out=out, **buffered)
     cfg = LC.decode(H, B)
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
+    if L and BV < 16:
+        raise V.dspark_error(V.E_BLOCK_V, "block_v", expected="block_v >= 16 in buffered decode (tl.dot tile)",
+                             got=f"block_v = {BV}", fix="leave block_v=None")
     warps = num_warps or cfg["num_warps"]
     V.check_impl(impl, (None, "auto", "rows"))
     if B == 0:
         return out
+    rings = (ring_d, ring_k, ring_g) if L else (ssm_state,) * 3  # unread when plain
+    ring_strides = [st for r in rings for st in r.stride()[:3]]
     _decode_kernel[(B, H)](
         q, k, v, a, b, out,
         conv_weight, A_flat, dt_flat,
@@ -179,7 +258,11 @@ def decode(
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         a.stride(1), a.stride(2), b.stride(1), b.stride(2), out.stride(1), out.stride(2),
         conv_weight.stride(0), ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
+        *rings, write_pos if L else slot_indices, force_flush if force_flush is not None else slot_indices,
+        L, *ring_strides,
         BV=BV, ACT_BF16=act == torch.bfloat16, USE_LB=lower_bound is not None,
+        BUFFERED=bool(L), LP=max(16, triton.next_power_of_2(max(L, 1))),
+        HAS_FORCE_FLUSH=bool(L) and force_flush is not None, DOT_PREC=dot_precision,
         num_warps=warps, **LC.pdl_kwargs(dev),
     )
     return out

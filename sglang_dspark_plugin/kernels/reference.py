@@ -274,3 +274,19 @@ def copy_conv_windows_ref(conv_state, intermediate_conv, slot_indices, intermedi
         if slot >= 0 and step >= 0:
             conv_state[:, slot] = intermediate_conv[:, row, step]
     return conv_state
+
+
+@torch.no_grad()
+def buffered_decode_state_ref(ssm_state, ring_d, ring_k, ring_g, slot, rows: int, compute_dtype=torch.float64):
+    """The state SGLang's decode ring implies for ``slot`` (``--enable-linear-replayssm``): the
+    checkpoint ``ssm_state[slot]`` ``[H, V, K]`` carried over the ``rows`` buffered tokens, whose
+    ring rows hold the corrected delta ``d`` ``[H, V]``, normalised key ``k`` and log-gate ``g``
+    ``[H, K]``: step by step ``S <- S * exp(g)[K] + d k^T`` (the delta rule with ``d`` already
+    corrected). Returns ``[H, V, K]`` in ``compute_dtype``."""
+    S = ssm_state[slot].to(compute_dtype)
+    for j in range(rows):
+        d = ring_d[slot, :, j].to(compute_dtype)
+        k = ring_k[slot, :, j].to(compute_dtype)
+        g = ring_g[slot, :, j].to(compute_dtype)
+        S = S * torch.exp(g)[:, None, :] + d[:, :, None] * k[:, None, :]
+    return S

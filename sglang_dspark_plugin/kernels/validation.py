@@ -257,6 +257,34 @@ def check_index(name: str, t, n: Optional[int], *, what: str) -> int:
     return t.shape[0]
 
 
+def check_decode_ring(ring_d, ring_k, ring_g, write_pos, H: int, slots: int, B: int) -> int:
+    """Check SGLang's decode ring (``--enable-linear-replayssm``) for buffered decode: the three
+    per-layer rings ``[slots, H, L, 128]`` fp32 and the per-request ``write_pos``; returns ``L``.
+    All or none of them (none: plain decode)."""
+    given = [t is not None for t in (ring_d, ring_k, ring_g, write_pos)]
+    if any(given) and not all(given):
+        raise dspark_error(
+            E_MODE, "ring_d/ring_k/ring_g/write_pos", expected="all four (buffered decode) or none (plain decode)",
+            got=f"{sum(given)} of 4", fix="pass the layer's replayssm_d/k/g and the metadata's replayssm_write_pos together",
+        )
+    if not any(given):
+        return 0
+    for name, t in (("ring_d", ring_d), ("ring_k", ring_k), ("ring_g", ring_g)):
+        check_tensor(name, t, E_RING)
+    L = ring_d.shape[2] if ring_d.dim() == 4 else -1
+    exp = f"[{slots} (slots), {H}, L, 128] float32, last dim contiguous, L >= 1 (all three rings share L)"
+    for name, t in (("ring_d", ring_d), ("ring_k", ring_k), ("ring_g", ring_g)):
+        if t.dim() != 4 or tuple(t.shape) != (slots, H, L, HEAD_DIM) or L < 1:
+            raise dspark_error(E_RING, name, expected=exp, got=_shape(t),
+                               fix="pass the layer's decode rings (pool replayssm_d / replayssm_k / replayssm_g)")
+        if t.dtype != torch.float32 or t.stride(-1) != 1:
+            raise dspark_error(E_RING, name, expected=exp, got=_desc(t),
+                               fix="serve with an fp32 recurrent state (--mamba-ssm-dtype float32): SGLang "
+                               "allocates the decode rings in the state dtype")
+    check_index("write_pos", write_pos, B, what="ring rows already buffered per request, 0 .. L-1")
+    return L
+
+
 def check_ssm_state(name: str, s, H: int, *, layered: bool) -> None:
     check_tensor(name, s, E_SSM)
     nd = 5 if layered else 4

@@ -90,12 +90,15 @@ class SpecConfig:
     ragged_mode: str = "static"  # SGLANG_RAGGED_VERIFY_MODE
     sps_table: bool = False  # --speculative-dspark-sps-table-path: compact picks short windows
     bad_input: bool = False
+    decode_ring: bool = False  # --enable-linear-replayssm (plain decode through SGLang's decode ring)
 
     def args(self):
         extra = []
         if self.sps_table:
             table = default_out_dir() / DRAFT_DIR / SPS_TABLE_FILE
             extra = ["--speculative-dspark-sps-table-path", str(table)]
+        if self.decode_ring:  # L = 4: a flush every 4th token, two dozen per request
+            extra = ["--enable-linear-replayssm", "--linear-replayssm-cache-len", "4"]
         return tiny_model_args(self.gamma, attention_backend="dspark", replayssm=self.replayssm, extra=extra)
 
     def env(self):
@@ -104,7 +107,7 @@ class SpecConfig:
     def kernels(self):
         """The plugin kernels this configuration must run (their first-use log lines)."""
         if self.gamma is None:
-            return ["decode"]
+            return ["decode (buffered)"] if self.decode_ring else ["decode"]
         return ["mtp_verify (ring)", "replayssm_fold"] if self.replayssm else ["mtp_verify (snapshot)"]
 
     def skip_reason(self) -> Optional[str]:
@@ -116,6 +119,8 @@ class SpecConfig:
 CONFIGS = [
     # the plugin's plain decode kernel, no speculation
     SpecConfig("decode", gamma=None, replayssm=False),
+    # the plugin's buffered decode in SGLang's decode ring (--enable-linear-replayssm)
+    SpecConfig("decode-ring", gamma=None, replayssm=False, decode_ring=True),
     SpecConfig("g3-static", gamma=3, replayssm=False, bad_input=True),
     SpecConfig("g1-static", gamma=1, replayssm=False),
     SpecConfig("g3-static-replayssm", gamma=3, replayssm=True),

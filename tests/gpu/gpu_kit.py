@@ -82,6 +82,7 @@ class Served:
     replayssm: bool = False  # --enable-linear-replayssm-spec
     ragged: str = "static"  # SGLANG_RAGGED_VERIFY_MODE
     sps_table: bool = False  # compact scheduler picks windows shorter than gamma + 1
+    decode_ring: bool = False  # --enable-linear-replayssm: plain decode through SGLang's decode ring
 
     @property
     def id(self) -> str:
@@ -101,6 +102,10 @@ class Served:
         if self.sps_table:
             table = tiny_models.default_out_dir() / self.spec.draft_dir / tiny_models.SPS_TABLE_FILE
             extra += ["--speculative-dspark-sps-table-path", str(table)]
+        if self.decode_ring:  # SGLang requires the no_buffer radix strategy (no overlap) for it
+            extra += ["--enable-linear-replayssm", "--linear-replayssm-cache-len", "16"]
+            if not ON_CPU:
+                extra += ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"]
         if not ON_CPU:
             extra += [
                 "--cuda-graph-bs-decode", *map(str, CUDA_GRAPH_BS),
@@ -123,14 +128,18 @@ class Served:
         if self.backend != "dspark":
             return []
         if self.gamma is None:
-            return ["decode"]
+            return ["decode (buffered)"] if self.decode_ring else ["decode"]
         if self.replayssm:
             return ["mtp_verify (ring)", "replayssm_fold"]
         return ["mtp_verify (snapshot)"]
 
 
 def configs(model: str) -> List[Served]:
-    out = [Served(model, "stock", "stock"), Served(model, "dspark-decode", "dspark")]
+    out = [
+        Served(model, "stock", "stock"),
+        Served(model, "dspark-decode", "dspark"),
+        Served(model, "dspark-decode-ring", "dspark", decode_ring=True),
+    ]
     for gamma in (3, 7):
         for replayssm in (False, True):
             commit = "replayssm" if replayssm else "snapshot"
@@ -141,7 +150,7 @@ def configs(model: str) -> List[Served]:
                            ragged="compact", sps_table=True)
                 )  # fmt: skip
     if ON_CPU:  # dry run: one speculative configuration is enough
-        out = out[:3]
+        out = out[:2] + out[3:4]
     return out
 
 
