@@ -22,6 +22,7 @@ one-token next-token function, see ``tiny_models.py`` and docs/e2e.md).
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -259,6 +260,21 @@ def test_served_by_the_plugin(spec):
     assert_served_by_plugin(spec.server, spec.config.kernels())
 
 
+def _healthy_soon(server, seconds: float = 180.0) -> bool:
+    """The server is alive and answers /health within ``seconds``.
+
+    SGLang's /health generates one token and waits at least a second; under the Triton
+    interpreter on a loaded 2-core machine that took longer than the launcher's 5 s probe once
+    (this test failed with a live, correct server). A crash is still caught at once (``alive``),
+    and the lossless request after the bad ones proves the server still serves correctly."""
+    deadline = time.monotonic() + seconds
+    while server.alive() and time.monotonic() < deadline:
+        if server.healthy(timeout=60.0):
+            return True
+        time.sleep(1.0)
+    return False
+
+
 def test_rejects_bad_requests_and_keeps_serving(spec, baseline):
     if not spec.config.bad_input:
         pytest.skip("bad input is checked on g3-static only (CI time)")
@@ -273,7 +289,7 @@ def test_rejects_bad_requests_and_keeps_serving(spec, baseline):
     for path, payload in bad:
         status, body = raw_post(server, path, payload)
         assert 400 <= status < 500, (path, status, body)
-        assert server.alive() and server.healthy(), f"server died after a bad request to {path}"
+        assert _healthy_soon(server), f"server died or stopped answering after a bad request to {path}"
     # and it still serves, losslessly
     prompt = PER_CONFIG_PROMPTS[0]
     assert completion(server, prompt) == baseline.completion[prompt]
