@@ -22,7 +22,7 @@ configuration at ``--profile-concurrency`` and reports the share of GPU kernel t
 attention core (conv + recurrence / verify / fold kernels, matched by name: ``KDA_KERNEL``).
 
 Servers start in parallel (the GPU and Triton cache are shared); each is measured alone, the
-others idle. Writes ``serving.json`` and ``serving.md`` to ``--out`` and a plot with ``--plot``.
+others idle (``--sleep-on-idle``, so they do not spin a CPU core each). Writes ``serving.json`` and ``serving.md`` to ``--out`` and a plot with ``--plot``.
 """
 
 from __future__ import annotations
@@ -93,6 +93,9 @@ def server_args(cfg: Config, args) -> List[str]:
         "--max-total-tokens", str(4 * max_c * (args.prompt_len + args.output_len)),
         "--sampling-backend", "pytorch",
         "--tp-size", str(args.tp_size),
+        # an idle SGLang scheduler otherwise busy-polls one CPU core: with several servers up,
+        # the idle ones would compete with the measured one for the host (it is host-bound)
+        "--sleep-on-idle",
     ]  # fmt: skip
     if cfg.decode_ring:
         extra += ["--enable-linear-replayssm", "--linear-replayssm-cache-len", "16",
@@ -206,11 +209,11 @@ def kda_share(trace_dir: str) -> dict:
 def profile(server: SGLangServer, args, out_dir: str) -> dict:
     """Torch-profile ``--profile-steps`` forward steps under load at ``--profile-concurrency``.
 
-    The load (``16 x concurrency`` requests) outlasts the steps; if no trace appeared when it
+    The load (``4 x concurrency`` requests of ``--output-len`` tokens) outlasts the steps; if no trace appeared when it
     ends, ``/stop_profile`` writes it."""
     os.makedirs(out_dir, exist_ok=True)
     c = args.profile_concurrency
-    prompts = _prompts(16 * c, args.prompt_len, seed=999)
+    prompts = _prompts(4 * c, args.prompt_len, seed=999)
     load = threading.Thread(target=measure_level, args=(server.base_url, prompts, c, args.output_len))
     load.start()
     time.sleep(1.0)  # past the first prefills, into steady decode / verify

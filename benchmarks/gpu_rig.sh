@@ -42,7 +42,10 @@ export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=${SGLANG_UNIFIED_RADIX_TREE_CORE_B
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 stop_leftovers() {  # servers run in their own sessions: never leave one holding the GPU
-  pkill -INT -f sglang.launch_server 2>/dev/null; sleep 5; pkill -KILL -f sglang 2>/dev/null; true
+  # match servers and their scheduler/detokenizer children only: a wider pattern ("sglang") also
+  # matches the calling shell when its command line names .rig/sglang-gpu-env.sh, and kills it
+  pkill -INT -f 'sglang[.]launch_server' 2>/dev/null; sleep 5
+  pkill -KILL -f 'sglang[.]launch_server|sglang::' 2>/dev/null; true
 }
 
 save_cache() {  # the Triton cache, if it fits what a call may bring back
