@@ -33,7 +33,8 @@ def test_committed_configs_match_generator(tmp_path, model_spec):
     tiny_models.ensure_models(model_spec, tmp_path, log=lambda m: None, weights=False)
     for sub in (model_spec.target_dir, model_spec.draft_dir):
         generated = {p.name for p in (tmp_path / sub).iterdir()}
-        assert "config.json" in generated and "tokenizer.json" in generated
+        assert "config.json" in generated
+        assert ("tokenizer.json" in generated) != model_spec.random_weights  # random: token ids only
         for name in generated:
             assert (REPO_CONFIGS / sub / name).read_bytes() == (tmp_path / sub / name).read_bytes(), (
                 f"configs/{sub}/{name} is stale: run python -m sglang_dspark_plugin.harness.tiny_models --model {model_spec.name} "
@@ -76,3 +77,27 @@ def test_incremental_reference_equals_full_recompute():
         assert torch.equal(top.indices[:, 0], tokens[:, step])
         torch.testing.assert_close(top.values[:, 0] - top.values[:, 1], margins[:, step], rtol=1e-9, atol=1e-9)
         seq = torch.cat([seq, tokens[:, step : step + 1]], 1)
+
+
+def test_random_weight_model_is_kimi_linear_48b_cut_to_8_layers():
+    """kimi48-8l's config is read by SGLang as Kimi-Linear-48B-A3B's first 8 layers: MoE from layer
+    1 on, KDA at 0-2 and 4-6, the real vocabulary; and its serving arguments load random weights
+    (no checkpoint is ever generated for it)."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.models.kimi_linear import _is_sparse_layer
+
+    from sglang_dspark_plugin.harness.serving import tiny_model_args
+
+    spec = tiny_models.KIMI48_8L
+    config = ModelConfig(str(REPO_CONFIGS / spec.target_dir), trust_remote_code=True).hf_config
+    assert (config.hidden_size, config.vocab_size, config.num_hidden_layers) == (2304, 163840, 8)
+    assert [i for i in range(8) if config.is_kda_layer(i)] == [0, 1, 2, 4, 5, 6]
+    assert [_is_sparse_layer(config, i) for i in range(8)] == [False] + [True] * 7
+    assert (config.num_experts, config.num_experts_per_token, config.moe_intermediate_size) == (256, 8, 1024)
+    with pytest.raises(ValueError, match="dense models"):
+        tiny_models.make_target_weights(spec)
+    args = tiny_model_args(3, spec=spec, models_dir=REPO_CONFIGS)
+    assert args[args.index("--load-format") + 1] == "dummy"
+    assert args[args.index("--speculative-draft-load-format") + 1] == "dummy"
+    assert "--skip-tokenizer-init" in args
+    assert "--load-format" not in tiny_model_args(3, spec=tiny_models.TINY, models_dir=REPO_CONFIGS)

@@ -138,6 +138,8 @@ def tiny_model_args(
         "--attention-backend", attention_backend,
         "--trust-remote-code",
     ]  # fmt: skip
+    if spec.random_weights:  # configs only: SGLang's random weights, token ids in and out
+        args += ["--load-format", "dummy", "--skip-tokenizer-init"]
     if gamma is not None:
         args += [
             "--speculative-algorithm", "DSPARK",
@@ -147,6 +149,8 @@ def tiny_model_args(
             # back to flashinfer, CUDA-only); Triton runs the tiny draft everywhere.
             "--speculative-draft-attention-backend", "triton",
         ]  # fmt: skip
+        if spec.random_weights:
+            args += ["--speculative-draft-load-format", "dummy"]
         if replayssm:
             if replayssm_cache_len is None:
                 replayssm_cache_len = max(4, 1 << (2 * (gamma + 1) - 1).bit_length())

@@ -1,8 +1,8 @@
 """Reproducible Kimi-Linear test models + DSPARK drafts for demos, end-to-end tests and serving
 benchmarks.
 
-``python -m sglang_dspark_plugin.harness.tiny_models [--model tiny|kimi32] [--out DIR]`` writes,
-under ``DIR`` (default: the checkout's ``configs/``), one of two target/draft pairs built by the
+``python -m sglang_dspark_plugin.harness.tiny_models [--model tiny|kimi32|kimi48-8l] [--out DIR]``
+writes, under ``DIR`` (default: the checkout's ``configs/``), one target/draft pair built by the
 same code from a ``ModelSpec``:
 
 * ``tiny`` (``tiny-kimi-linear/`` + ``tiny-dspark-draft/``): 2 layers (KDA, MLA), 2 KDA heads,
@@ -12,8 +12,12 @@ same code from a ``ModelSpec``:
   with 32 heads and Kimi-Linear's dims (kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128, NoPE),
   a dense SwiGLU MLP of 9216 (the width of Kimi-Linear's 8 routed + 1 shared experts of 1024);
   the GPU end-to-end and serving-benchmark model (weights ~0.9 GB, generated where it runs).
+* ``kimi48-8l`` (``kimi-linear-48b-8l/`` + ``-draft/``): configs only, for throughput: the first 8
+  layers of Kimi-Linear-48B-A3B with its MoE and vocabulary, served with SGLang's random weights
+  (``--load-format dummy``, token ids in and out), so that a served step is GPU-bound as in the
+  real model (kimi32's 4 small layers leave the server host-bound; docs/gpu-serving.md).
 
-Both share one byte-level BPE tokenizer (vocab 512) and chat template. Only missing files are
+The tiny and kimi32 pairs share one byte-level BPE tokenizer (vocab 512) and chat template. Only missing files are
 written, and every run writes the same bytes: weights come from a seeded ``torch.Generator`` on the
 CPU, the draft's Markov table is derived from the target in float64 (so BLAS threading cannot flip
 an argmax), and safetensors files are written with sorted keys. Weights are git-ignored; the tiny
@@ -81,6 +85,20 @@ CONFIDENCE_BIAS = 2.0
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """Kimi-Linear's mixture of experts (``num_experts`` routed, ``top_k`` per token, each a SwiGLU
+    of width ``intermediate``, plus ``shared`` always-on experts) in every layer from
+    ``first_dense_layers`` on; the first layers keep the dense MLP of ``ModelSpec.intermediate``."""
+
+    experts: int
+    top_k: int
+    intermediate: int
+    shared: int
+    first_dense_layers: int
+    routed_scaling_factor: float
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Shape and seed of one target + draft pair (everything else is shared)."""
 
@@ -102,6 +120,11 @@ class ModelSpec:
     kda_out_gain: float = KDA_OUT_GAIN
     mla_out_gain: float = MLA_OUT_GAIN
     mlp_out_gain: float = MLP_OUT_GAIN
+    vocab: int = VOCAB_SIZE
+    moe: Optional[MoESpec] = None  # None: the dense MLP in every layer
+    # True: no weights are generated (configs only); served with SGLang's random weights
+    # (``--load-format dummy``) for throughput, never for output checks
+    random_weights: bool = False
 
 
 TINY = ModelSpec(
@@ -143,7 +166,32 @@ KIMI32 = ModelSpec(
     draft_target_layers=(1, 3),
 )
 
-SPECS = {spec.name: spec for spec in (TINY, KIMI32)}
+# Kimi-Linear-48B-A3B at TP1, its first 8 of 27 layers (KDA x3, MLA, KDA x3, MLA), with its MoE
+# (256 experts top-8 of 1024 + 1 shared; layer 0 dense 9216) and vocabulary (163840): a serving
+# benchmark model whose step is GPU-bound like the real model's (~28 GB of bf16 weights), served
+# with random weights, so only for tokens/s (accept lengths there say nothing).
+KIMI48_8L = ModelSpec(
+    name="kimi48-8l",
+    target_dir="kimi-linear-48b-8l",
+    draft_dir="kimi-linear-48b-8l-draft",
+    seed=SEED + 48,
+    layers=("kda", "kda", "kda", "mla", "kda", "kda", "kda", "mla"),
+    hidden=2304,
+    intermediate=9216,
+    kda_heads=32,
+    mla_heads=32,
+    kda_decay=(0.05, 1.0),
+    max_positions=4096,
+    draft_heads=16,
+    draft_kv_heads=4,
+    draft_intermediate=4608,
+    draft_target_layers=(1, 3, 5, 7),
+    vocab=163840,
+    moe=MoESpec(experts=256, top_k=8, intermediate=1024, shared=1, first_dense_layers=1, routed_scaling_factor=2.446),
+    random_weights=True,
+)
+
+SPECS = {spec.name: spec for spec in (TINY, KIMI32, KIMI48_8L)}
 
 # The tiny pair's directories (the demo, the examples and the CPU tests use them by these names).
 TARGET_DIR = TINY.target_dir
@@ -203,13 +251,15 @@ CORPUS = [
 
 def target_config(spec: ModelSpec = TINY) -> dict:
     """config.json of a target (SGLang parses it with transformers' strict ``KimiLinearConfig``
-    first, hence the expert fields: all layers stay dense because
+    first, hence the expert fields even for a dense model: all layers stay dense because
     ``first_k_dense_replace == num_hidden_layers``)."""
     num_layers = len(spec.layers)
+    moe = spec.moe or MoESpec(experts=4, top_k=2, intermediate=64, shared=1, first_dense_layers=num_layers,
+                              routed_scaling_factor=1.0)  # fmt: skip
     return {
         "architectures": ["KimiLinearForCausalLM"],
         "model_type": "kimi_linear",
-        "vocab_size": VOCAB_SIZE,
+        "vocab_size": spec.vocab,
         "hidden_size": spec.hidden,
         "intermediate_size": spec.intermediate,
         "num_hidden_layers": num_layers,
@@ -232,11 +282,11 @@ def target_config(spec: ModelSpec = TINY) -> dict:
         "qk_rope_head_dim": QK_ROPE,
         "v_head_dim": V_HEAD,
         "mla_use_nope": True,
-        "num_experts": 4,
-        "num_experts_per_token": 2,
-        "moe_intermediate_size": 64,
-        "num_shared_experts": 1,
-        "first_k_dense_replace": num_layers,
+        "num_experts": moe.experts,
+        "num_experts_per_token": moe.top_k,
+        "moe_intermediate_size": moe.intermediate,
+        "num_shared_experts": moe.shared,
+        "first_k_dense_replace": moe.first_dense_layers,
         "moe_layer_freq": 1,
         "linear_attn_config": {
             "kda_layers": [i + 1 for i, kind in enumerate(spec.layers) if kind == "kda"],
@@ -248,7 +298,7 @@ def target_config(spec: ModelSpec = TINY) -> dict:
         "num_nextn_predict_layers": 0,
         "num_expert_group": 1,
         "topk_group": 1,
-        "routed_scaling_factor": 1.0,
+        "routed_scaling_factor": moe.routed_scaling_factor,
     }
 
 
@@ -258,7 +308,7 @@ def draft_config(spec: ModelSpec = TINY) -> dict:
     return {
         "architectures": ["DSparkDraftModel"],
         "model_type": "qwen3",
-        "vocab_size": VOCAB_SIZE,
+        "vocab_size": spec.vocab,
         "hidden_size": spec.hidden,  # must equal the target's: the draft reuses its embed/lm_head
         "intermediate_size": spec.draft_intermediate,
         "num_hidden_layers": 1,
@@ -396,6 +446,9 @@ def make_target_weights(spec: ModelSpec = TINY) -> Dict[str, "torch.Tensor"]:
     q/k/v_conv1d, which SGLang fuses while loading). Draw order: embeddings, every layer's
     attention, every layer's MLP, lm_head."""
     import torch
+
+    if spec.random_weights or spec.moe or spec.vocab != VOCAB_SIZE:
+        raise ValueError(f"{spec.name}: the generator writes dense models of vocab {VOCAB_SIZE} only")
 
     gen = torch.Generator().manual_seed(spec.seed)
     bf16, hidden, inter = torch.bfloat16, spec.hidden, spec.intermediate
@@ -710,11 +763,12 @@ def ensure_models(
             log(f"wrote {path}")
     tokenizer = None
     for model_dir in (target_dir, draft_dir):
-        if not _has_tokenizer(model_dir):
+        if not _has_tokenizer(model_dir) and not spec.random_weights:  # served with token ids only
             tokenizer = tokenizer or build_tokenizer(spec.max_positions)
             _write_tokenizer(model_dir, tokenizer)
             log(f"wrote tokenizer to {model_dir}")
 
+    weights = weights and not spec.random_weights
     need_target = weights and not (target_dir / WEIGHTS_FILE).is_file()
     need_draft = weights and not (draft_dir / WEIGHTS_FILE).is_file()
     if need_target or need_draft:
