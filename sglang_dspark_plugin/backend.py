@@ -103,7 +103,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
 
     # --- routing ------------------------------------------------------------------------------
 
-    def _fallback_reason(self, layer, mixed_qkv, *, verify: bool) -> Optional[str]:
+    def _fallback_reason(self, layer, mixed_qkv, cache, *, verify: bool) -> Optional[str]:
         if not isinstance(mixed_qkv, torch.Tensor):
             return "mixed_qkv is not one tensor"
         if mixed_qkv.dtype not in ACTIVATION_DTYPES:
@@ -120,7 +120,6 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             return f"conv width {layer.conv_weights.shape[-1]} != {CONV_WIDTH}"
         if layer.bias is not None:
             return "conv bias is set"
-        cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
         if cache.temporal.shape[-3] != layer.num_v_heads or cache.conv[0].shape[-1] != layer.conv_weights.shape[0]:
             # e.g. data-parallel attention, where SGLang shards Kimi-Linear's KDA layer over the
             # TP group but sizes the state pool by the attention-TP group
@@ -128,7 +127,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
                 f"state pool for {cache.temporal.shape[-3]} heads / {cache.conv[0].shape[-1]} conv channels, "
                 f"layer with {layer.num_v_heads} heads / {layer.conv_weights.shape[0]} channels"
             )
-        state_dtype = self.req_to_token_pool.mamba_pool.mamba_cache.temporal.dtype
+        state_dtype = cache.temporal.dtype
         if state_dtype != torch.float32:
             return f"recurrent state dtype {state_dtype} (the dspark kernels keep fp32 state)"
         if verify:
@@ -152,8 +151,8 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
     # --- DECODE (num_spec == 0) -----------------------------------------------------------------
 
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
-        reason = self._fallback_reason(layer, mixed_qkv, verify=False)
         cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        reason = self._fallback_reason(layer, mixed_qkv, cache, verify=False)
         fm = self.forward_metadata
         # SGLang's decode ring (--enable-linear-replayssm): the pool state is a checkpoint and the
         # ring buffers the tokens since; SGLang snapshots and advances the per-request cursor.
@@ -194,7 +193,8 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
     # --- TARGET_VERIFY ----------------------------------------------------------------------------
 
     def _forward_target_verify(self, layer, forward_batch, mixed_qkv, a, b):
-        reason = self._fallback_reason(layer, mixed_qkv, verify=True)
+        cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        reason = self._fallback_reason(layer, mixed_qkv, cache, verify=True)
         if reason is not None:
             _warn_fallback_once(reason)
             self.last_verify_used_plugin = False
@@ -219,7 +219,6 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             slots >= 0,
             self.req_to_token_pool.size,
         )
-        cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
         if cache.replayssm_rawv is not None:
             mode = dict(
                 ring_rawv=cache.replayssm_rawv,

@@ -325,7 +325,7 @@ def test_plugin_reads_the_ranks_shard(model, case, rank):
 
         x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(17 + rank))
         mixed_qkv, a, b = _projections(attn, case, x)
-        assert setup.linear._fallback_reason(layer, mixed_qkv, verify=False) is None
+        assert setup.linear._fallback_reason(layer, mixed_qkv, cache, verify=False) is None
         q, k, v = split_mixed_qkv(mixed_qkv, layer.num_v_heads)
         assert q.shape == k.shape == v.shape == (1, 3, Hr, HEAD)
         fq, fk, fv, fa, fb = _full_inputs(m.w, x)

@@ -14,6 +14,8 @@ from typing import Dict, List, Optional
 
 from sglang_dspark_plugin.harness.serving import SGLangServer, tiny_model_args  # noqa: F401
 
+import served_log  # tests/ (on sys.path via tests/conftest.py)
+
 MAX_TOKENS = 12
 # Prompts of the per-configuration tests; all four are used by the concurrency test. Chosen for
 # numerical robustness: along their 12 greedy tokens the float64 reference's top-1/top-2 logit
@@ -84,27 +86,12 @@ def start_server(
     return server
 
 
-# Lines the plugin writes to the server log: the dspark backend factory ran (in the scheduler
-# process), and no KDA layer fell back to SGLang's own path.
-PLUGIN_ACTIVE_MARK = "dspark: full-attention (MLA) layers use"
-PLUGIN_FALLBACK_MARK = "fall back to SGLang's own KDA path"
-KERNEL_MARK = "dspark: KDA kernel in use: "  # + the kernel (backend.py logs each once per process)
-
-
 def assert_served_by_plugin(server: SGLangServer, kernels=()) -> None:
-    """The dspark backend was built, no KDA layer fell back, and each of ``kernels`` ran."""
-    log = server.log_text()
-    assert PLUGIN_ACTIVE_MARK in log, "the dspark attention backend was not built"
-    fallbacks = [ln for ln in log.splitlines() if PLUGIN_FALLBACK_MARK in ln]
-    assert not fallbacks, f"KDA layers left the plugin's path: {fallbacks[:3]}"
-    for kernel in kernels:
-        assert KERNEL_MARK + kernel in log, f"the plugin's {kernel} kernel never ran"
+    served_log.assert_served_by_plugin(server.log_text(), kernels)
 
 
 def assert_not_served_by_plugin(server: SGLangServer) -> None:
-    """A stock server: the installed plugin built nothing and ran none of its kernels."""
-    log = server.log_text()
-    assert PLUGIN_ACTIVE_MARK not in log and KERNEL_MARK not in log
+    served_log.assert_not_served_by_plugin(server.log_text())
 
 
 def stop_server(server: SGLangServer) -> None:

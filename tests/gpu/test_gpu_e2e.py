@@ -23,16 +23,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_kit import (
-    GRAPH_CAPTURED_MARK,
-    KERNEL_MARK,
-    MODELS,
-    ON_CPU,
-    PLUGIN_ACTIVE_MARK,
-    PLUGIN_FALLBACK_MARK,
-    configs,
-    divergence,
-)
+from gpu_kit import GRAPH_CAPTURED_MARK, MODELS, ON_CPU, configs, divergence
+from served_log import assert_not_served_by_plugin, assert_served_by_plugin
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
 
@@ -66,7 +58,7 @@ def test_server_served_with_cuda_graphs(fleet, served):
     if not ON_CPU:
         assert GRAPH_CAPTURED_MARK in run.log, "no CUDA graph was captured"
     if served.backend == "stock":  # the installed plugin left the stock server's layers alone
-        assert PLUGIN_ACTIVE_MARK not in run.log and KERNEL_MARK not in run.log
+        assert_not_served_by_plugin(run.log)
 
 
 @pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)
@@ -110,12 +102,7 @@ def test_speculation_accepted_drafts(fleet, served):
 
 @pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)
 def test_plugin_kernels_ran_without_fallback(fleet, served):
-    run = _run(fleet, served)
-    assert PLUGIN_ACTIVE_MARK in run.log, "the dspark backend was not built"
-    fallbacks = [ln for ln in run.log.splitlines() if PLUGIN_FALLBACK_MARK in ln]
-    assert not fallbacks, fallbacks[:3]
-    for kernel in served.expected_kernels():
-        assert KERNEL_MARK + kernel in run.log, f"the plugin's {kernel} kernel never ran"
+    assert_served_by_plugin(_run(fleet, served).log, served.expected_kernels())
 
 
 @pytest.mark.parametrize("model", MODELS)
