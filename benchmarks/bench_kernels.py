@@ -18,7 +18,10 @@ One command (see docs/benchmarks.md)::
    ``bench_kernels.md`` to ``--out`` (default ``$OUT``).
 
 Floors per KDA layer per step, ``S = N*H*64 KiB`` fp32 state: ReplaySSM verify ``S/B``; fold
-``2S/B``; decode ``2S/B``; snapshot verify ``(1+T) S/B``. The JSON also carries an I/O floor that
+``2S/B``; decode ``2S/B``; snapshot verify ``(1+T) S/B``; buffered decode (SGLang's decode ring,
+``--enable-linear-replayssm``, ring length ``DECODE_RING``; timed over two ring lengths of steps
+so the flushes are paid, ours against sglang's ``fused_recurrent_linear_replayssm_decode``) the
+read-only floor ``S/B``. The JSON also carries an I/O floor that
 adds every byte the kernel must move besides the state (activations, conv windows, rings, output).
 """
 
@@ -207,6 +210,22 @@ class Upstream:
             use_qk_l2norm_in_kernel=True, lower_bound=pool["lb"])
         return out.view(1, N, H, HEAD)
 
+    # buffered decode, sglang's --enable-linear-replayssm path: conv update, then the ring decode
+    # (no gate lower bound in its signature: Kimi-Linear's softplus gate only)
+    def buffered_decode(self, inst, pool, step):
+        conv, rd = self.m["conv"], self.m["replayssm_decode"]
+        N, H = inst["N"], pool["H"]
+        x = conv.causal_conv1d_update(inst["mixed"], pool["conv_t"], pool["w"], None, "silu",
+                                      conv_state_indices=inst["slots"])
+        out = inst["out_u"]
+        rd.fused_recurrent_linear_replayssm_decode(
+            mixed_qkv=x, a=inst["a2"].view(N, H, HEAD), b=inst["b2"], A_log=pool["A_log"],
+            dt_bias=pool["dt_bias"].view(H, HEAD), scale=HEAD**-0.5, initial_state=pool["state"],
+            d_cache=pool["dr_d"], k_cache=pool["dr_k"], g_cache=pool["dr_g"], out=out,
+            ssm_state_indices=inst["slots"], write_pos=pool["wpos"][step % DECODE_RING],
+            use_qk_l2norm_in_kernel=True, is_kda=True)
+        return out.view(1, N, H, HEAD)
+
     def fla_decode(self, inst, pool):
         """fla-core's fused_recurrent_kda on the same pool (state_v_first, slot indices); no conv:
         q/k/v are the raw (contiguous) projections."""
@@ -228,7 +247,10 @@ class Upstream:
 # problems for timing: one pool, R instances on disjoint slots
 # ----------------------------------------------------------------------------------------------
 
-def make_pool(H, N, T, R, snapshot, seed=0):
+DECODE_RING = 16  # SGLang's --linear-replayssm-cache-len of the served decode ring (gpu-serving.md)
+
+
+def make_pool(H, N, T, R, snapshot, seed=0, decode_ring=False):
     g = torch.Generator(device="cpu").manual_seed(seed)
     D = 3 * H * HEAD
     slots = R * N + 1
@@ -258,6 +280,10 @@ def make_pool(H, N, T, R, snapshot, seed=0):
         pool["icw_u"] = torch.zeros(rows, steps, 3, D, device=DEV, dtype=BF16).transpose(-1, -2)
         pool["icw_f"] = torch.zeros(rows, steps, D, 3, device=DEV, dtype=BF16)
         pool["issm"] = (torch.empty(rows, steps, H, HEAD, HEAD, device=DEV, dtype=FP32) if snapshot else None)
+    if decode_ring:  # SGLang's decode ring (--enable-linear-replayssm): d / k / g rows, fp32
+        for name in ("dr_d", "dr_k", "dr_g"):
+            pool[name] = torch.zeros(slots, H, DECODE_RING, HEAD, device=DEV, dtype=FP32)
+        pool["wpos"] = [torch.full((N,), w, device=DEV, dtype=torch.int32) for w in range(DECODE_RING)]
     insts = []
     for r in range(R):
         ntok = N * T
@@ -307,6 +333,26 @@ def ours_decode(inst, pool, cfg):
                   slot_indices=inst["slots"], out=inst["out"], **cfg)
 
 
+def ours_buffered_decode(inst, pool, step, cfg):
+    """Decode step ``step`` of the decode ring: ``write_pos = step % L``, flush at ``L - 1``."""
+    return decode(*acts(inst, pool["H"]), conv_weight=pool["w"], A_log=pool["A_log"], dt_bias=pool["dt_bias"],
+                  lower_bound=pool["lb"], ssm_state=pool["state"], conv_state=pool["conv"],
+                  slot_indices=inst["slots"], out=inst["out"], ring_d=pool["dr_d"], ring_k=pool["dr_k"],
+                  ring_g=pool["dr_g"], write_pos=pool["wpos"][step % DECODE_RING], **cfg)
+
+
+def decode_steps(inst, N, steps):
+    """Per-step single-token instances from an instance of ``steps`` tokens per request
+    (request-major rows): step ``s`` gets rows ``i * steps + s``, contiguous."""
+    out = []
+    for s_ in range(steps):
+        idx = torch.arange(N, device=DEV) * steps + s_
+        out.append(dict(inst, mixed=inst["mixed"][idx].contiguous(), a2=inst["a2"][idx].contiguous(),
+                        b2=inst["b2"][idx].contiguous(), out=torch.empty_like(inst["out"][:, :N]),
+                        out_u=torch.empty_like(inst["out_u"])))
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # checks
 # ----------------------------------------------------------------------------------------------
@@ -347,6 +393,7 @@ def check_ours(Ts, H, combos=((BF16, LB), (FP32, None), (FP32, LB))):
                 ok = (e_out <= tol[dt] and e_st <= (2e-5 if dt == FP32 else 1e-3) and untouched
                       and torch.equal(p.conv_state[live].to(F64), conv_r[live]) and bool((out[0, 1] == 0).all()))
                 record("decode", 1, ok, **{f"out_{dname(dt)}": e_out, f"state_{dname(dt)}": e_st})
+            check_buffered_decode(None, H)
             continue
         num_spec = T - 1
         for dt, lb in combos:
@@ -422,6 +469,41 @@ def lbname(lb):
     return "lb" if lb is not None else "softplus"
 
 
+def check_buffered_decode(up, H, ours=True):
+    """Buffered decode, ours and sglang's, against plain float64 decode over ``L + 2`` steps from
+    the same state: every step's output, the checkpoint after the flush step (``L - 1``) and,
+    at the end, the checkpoint carried over the rows buffered since (``buffered_decode_state_ref``)."""
+    N, steps = 3, DECODE_RING + 2
+    kernels = [("decode_buffered", LB, lambda inst, pool, s_: ours_buffered_decode(inst, pool, s_, {}))] if ours else []
+    if up is not None and up.has("conv", "replayssm_decode"):
+        kernels.append(("up_decode_buffered", None, up.buffered_decode))
+    for name, lb, fn in kernels:
+        try:
+            pool, insts = make_pool(H, N, steps, 1, False, seed=21, decode_ring=True)
+            pool["lb"] = lb
+            ssm_r, conv_r = pool["state"].to(F64), pool["conv"].to(F64)
+            slots = insts[0]["slots"]
+            err, flushed_err = 0.0, None
+            for s_, inst in enumerate(decode_steps(insts[0], N, steps)):
+                q, k, v, a, b = (x.to(F64) for x in acts(inst, H))
+                out_r = R.decode_ref(q, k, v, a, b, conv_weight=pool["w"].to(F64), A_log=pool["A_log"].to(F64),
+                                     dt_bias=pool["dt_bias"].to(F64), lower_bound=lb, ssm_state=ssm_r,
+                                     conv_state=conv_r, slot_indices=slots, act_dtype=BF16)
+                out = fn(inst, pool, s_)
+                sync()
+                err = max(err, rel_err(out, out_r))
+                if s_ == DECODE_RING - 1:
+                    flushed_err = rel_err(pool["state"][slots.long()], ssm_r[slots.long()])
+            rows = steps - DECODE_RING
+            carried = torch.stack([R.buffered_decode_state_ref(pool["state"], pool["dr_d"], pool["dr_k"],
+                                                               pool["dr_g"], int(sl), rows) for sl in slots])
+            end_err = rel_err(carried, ssm_r[slots.long()])
+            record(name, 1, err <= 2e-2 and flushed_err <= 1e-3 and end_err <= 1e-3,
+                   out=err, flushed_state=flushed_err, carried_state=end_err)
+        except Exception as ex:  # noqa: BLE001
+            record(name, 1, False, error=repr(ex)[:300])
+
+
 def check_upstream(up, Ts, H):
     """Upstream kernels vs the same float64 reference (bf16 activations, lower_bound -5)."""
     for T in Ts:
@@ -443,6 +525,7 @@ def check_upstream(up, Ts, H):
                     record("up_decode", 1, e <= 2e-2 and e_st <= 1e-3, out=e, state=e_st)
                 except Exception as ex:  # noqa: BLE001
                     record("up_decode", 1, False, error=repr(ex)[:300])
+            check_buffered_decode(up, H, ours=False)
             if up.fla is not None:
                 try:
                     check_fla(up, H)
@@ -546,13 +629,18 @@ def io_bytes(kind, N, H, T):
         return 2 * S + N * H * (T + 1) / 2 * (256 + 256 + 512 + 4)  # mean accept (T+1)/2
     if kind == "decode":
         return 2 * S + 2 * conv_in + N * per_tok
+    if kind == "decode_buffered":  # amortised over the ring: S read, S written per L steps,
+        row = H * 3 * 512  # one d / k / g row per head (fp32)
+        return S + S / DECODE_RING + N * row * ((DECODE_RING - 1) / 2 + 1) + 2 * conv_in + N * per_tok
     return S
 
 
 def floor_bytes(kind, N, H, T):
     S = N * H * 65536
     # S for the bookkeeping rows ("budget", "pool") that record a point that was not timed
-    return {"verify_ring": S, "verify_snapshot": (1 + T) * S, "fold": 2 * S, "decode": 2 * S}.get(kind, S)
+    # buffered decode: the read-only floor S/B of issue 15's target
+    return {"verify_ring": S, "verify_snapshot": (1 + T) * S, "fold": 2 * S, "decode": 2 * S,
+            "decode_buffered": S}.get(kind, S)
 
 
 def rotations(N, H):
@@ -573,6 +661,15 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
         if up.fla is not None:
             out.append(("up_fla_decode", "fla", None, [lambda i=i: up.fla_decode(i, pool) for i in insts],
                         None if ok("up_fla_decode", 1) else "check failed"))
+        if "dr_d" in pool:  # two ring lengths of steps per instance, so the flushes are paid
+            ring_steps = range(2 * DECODE_RING)
+            out.append(("decode_buffered", "ours", None,
+                        [lambda i=i, s_=s_: ours_buffered_decode(i, pool, s_, {}) for s_ in ring_steps for i in insts],
+                        None if ok("decode_buffered", 1) else "check failed"))
+            if up.has("conv", "replayssm_decode"):
+                out.append(("up_decode_buffered", "sglang", None,
+                            [lambda i=i, s_=s_: up.buffered_decode(i, pool, s_) for s_ in ring_steps for i in insts],
+                            None if ok("up_decode_buffered", 1) else "check failed"))
         return out
     for ring in (True, False):
         kname = "verify_ring" if ring else "verify_snapshot"
@@ -659,7 +756,7 @@ def _job(job):
     else:
         _, points, configs, _a = job
         for H, N, T in points:
-            pool, insts = make_pool(H, N, T, 1, (not argd["no_snapshot"]) and T > 1)
+            pool, insts = make_pool(H, N, T, 1, (not argd["no_snapshot"]) and T > 1, decode_ring=T == 1)
             for kernel, who, cfg, calls, why in point_tasks(H, N, T, pool, insts, up, configs, lambda k, t: True,
                                                            not argd["no_snapshot"]):
                 try:
@@ -778,7 +875,8 @@ def run(args):
     def add(kernel, who, H, N, T, us, cfg=None, note=None):
         kind = kernel.replace("up_", "").replace("_unfused", "").replace("_fused", "")
         kind = {"verify_ring": "verify_ring", "verify_snapshot": "verify_snapshot", "fold": "fold",
-                "fold_conv": "fold", "decode": "decode", "fla_decode": "decode"}.get(kind, kind)
+                "fold_conv": "fold", "decode": "decode", "fla_decode": "decode",
+                "decode_buffered": "decode_buffered"}.get(kind, kind)
         fb = floor_bytes(kind, N, H, T)
         r = dict(kernel=kernel, who=who, H=H, N=N, T=T, us=us, floor_us=fb / (bw * 1e12) * 1e6,
                  io_floor_us=io_bytes(kind, N, H, T) / (bw * 1e12) * 1e6, cfg=cfg, note=note)
@@ -812,7 +910,7 @@ def run(args):
             continue
         Rn = 1 if INTERPRET else rotations(N, H)
         try:
-            pool, insts = make_pool(H, N, T, Rn, snapshot and T > 1)
+            pool, insts = make_pool(H, N, T, Rn, snapshot and T > 1, decode_ring=T == 1)
         except torch.cuda.OutOfMemoryError:
             add("pool", "-", H, N, T, None, note="OOM building the pool")
             continue

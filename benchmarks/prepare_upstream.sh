@@ -14,6 +14,7 @@ FILES="kernels/ops/mamba/causal_conv1d_triton.py
 kernels/ops/attention/linear/fused_sigmoid_gating_recurrent.py
 kernels/ops/attention/linear/fused_kda_conv_recurrent_verify.py
 kernels/ops/attention/linear/kda_replayssm_spec_decode.py
+kernels/ops/attention/linear/fused_recurrent_linear_replayssm.py
 kernels/ops/attention/fla/fused_recurrent.py
 kernels/ops/attention/fla/op.py
 kernels/ops/attention/fla/utils.py"

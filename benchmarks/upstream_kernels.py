@@ -29,6 +29,7 @@ FILES = {
     "recurrent": "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent",
     "fused_verify": "sglang.kernels.ops.attention.linear.fused_kda_conv_recurrent_verify",
     "fold": "sglang.kernels.ops.attention.linear.kda_replayssm_spec_decode",
+    "replayssm_decode": "sglang.kernels.ops.attention.linear.fused_recurrent_linear_replayssm",
     "packed_decode": "sglang.kernels.ops.attention.fla.fused_recurrent",
 }
 
