@@ -290,3 +290,52 @@ def buffered_decode_state_ref(ssm_state, ring_d, ring_k, ring_g, slot, rows: int
         g = ring_g[slot, :, j].to(compute_dtype)
         S = S * torch.exp(g)[:, None, :] + d[:, :, None] * k[:, None, :]
     return S
+
+
+# ----------------------------------------------------------------------------------------------
+# Lazy-flush speculative ring (issue 15, docs/lazy-flush.md): the protocol's oracle. No kernel
+# implements it yet; these define what one must compute. Inputs are the processed per-token
+# quantities of the math above (normalised k, scaled q, log-decay g, beta), not raw projections:
+# the protocol concerns only how the recurrent state is kept.
+# ----------------------------------------------------------------------------------------------
+
+def lazy_verify_ref(ssm_state, ring_d, ring_k, ring_g, cursor, slot: int, q, k, v, g, beta,
+                    compute_dtype=torch.float64):
+    """Verify one request's window of ``T`` draft tokens from its lazily kept state, appending the
+    window's records; returns the outputs ``[T, H, V]``.
+
+    ``ssm_state[slot]`` ``[H, V, K]`` is the checkpoint, ``cursor[slot]`` = ``p`` the ring rows
+    ``[0, p)`` (records of accepted tokens, the decode ring's format: corrected delta ``d``, key
+    ``k``, log-gate ``g``; rings ``[slots, H, L, V or K]``) not yet folded into it. The current
+    state is the checkpoint carried over those rows (:func:`buffered_decode_state_ref`: a sum of
+    rank-1 terms, one ``tl.dot`` in a kernel, no recurrence). If the window does not fit behind them
+    (``p + T > L``) the current state is written to the checkpoint first and ``p`` restarts at 0
+    (the flush; the only full-state write). Token ``t``'s record goes to row ``p + t``: after
+    :func:`lazy_commit_ref` accepts ``a`` tokens, rows ``[p, p + a)`` are exactly the accepted
+    tokens' records, because an accepted draft token's state path is the verified one.
+
+    q, k, g: ``[T, H, K]``; v: ``[T, H, V]``; beta: ``[T, H]``."""
+    cd = compute_dtype
+    L = ring_d.shape[2]
+    T = q.shape[0]
+    p = int(cursor[slot])
+    S = buffered_decode_state_ref(ssm_state, ring_d, ring_k, ring_g, slot, p, compute_dtype=cd)
+    if p + T > L:  # flush: materialise, empty the ring
+        ssm_state[slot] = S.to(ssm_state.dtype)
+        cursor[slot] = p = 0
+    out = torch.empty(T, *v.shape[1:], dtype=cd, device=v.device)
+    for t in range(T):
+        S = S * torch.exp(g[t].to(cd))[:, None, :]
+        d = beta[t].to(cd)[:, None] * (v[t].to(cd) - torch.einsum("hvk,hk->hv", S, k[t].to(cd)))
+        S = S + d[:, :, None] * k[t].to(cd)[:, None, :]
+        out[t] = torch.einsum("hvk,hk->hv", S, q[t].to(cd))
+        ring_d[slot, :, p + t] = d.to(ring_d.dtype)
+        ring_k[slot, :, p + t] = k[t].to(ring_k.dtype)
+        ring_g[slot, :, p + t] = g[t].to(ring_g.dtype)
+    return out
+
+
+def lazy_commit_ref(cursor, slot: int, accept_len: int) -> None:
+    """Commit ``accept_len`` verified tokens (``1..T``): only the cursor moves; the state, the
+    checkpoint and the ring rows stay as the verify left them."""
+    cursor[slot] += accept_len
