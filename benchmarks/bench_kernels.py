@@ -197,12 +197,16 @@ class Upstream:
             beta_cache=pool["rb"], ssm_state_indices=inst["slots"], accept_lens=inst["acc"],
             max_cache_len=pool["L"], num_k_heads=pool["H"])
 
+    def conv_update(self, inst, pool):
+        """sglang's decode-time conv: rolls ``conv_t`` in place, returns the post-conv mixed_qkv."""
+        return self.m["conv"].causal_conv1d_update(inst["mixed"], pool["conv_t"], pool["w"], None, "silu",
+                                                   conv_state_indices=inst["slots"])
+
     # decode, sglang's Triton path: conv update then the packed KDA decode kernel
     def decode(self, inst, pool):
-        conv, pd = self.m["conv"], self.m["packed_decode"]
+        pd = self.m["packed_decode"]
         N, H = inst["N"], pool["H"]
-        x = conv.causal_conv1d_update(inst["mixed"], pool["conv_t"], pool["w"], None, "silu",
-                                      conv_state_indices=inst["slots"])
+        x = self.conv_update(inst, pool)
         out = inst["out_u"]
         pd.fused_recurrent_kda_packed_decode(
             mixed_qkv=x, a=inst["a2"], b=inst["b2"], A_log=pool["A_log"], dt_bias=pool["dt_bias"],
@@ -213,10 +217,9 @@ class Upstream:
     # buffered decode, sglang's --enable-linear-replayssm path: conv update, then the ring decode
     # (no gate lower bound in its signature: Kimi-Linear's softplus gate only)
     def buffered_decode(self, inst, pool, step):
-        conv, rd = self.m["conv"], self.m["replayssm_decode"]
+        rd = self.m["replayssm_decode"]
         N, H = inst["N"], pool["H"]
-        x = conv.causal_conv1d_update(inst["mixed"], pool["conv_t"], pool["w"], None, "silu",
-                                      conv_state_indices=inst["slots"])
+        x = self.conv_update(inst, pool)
         out = inst["out_u"]
         rd.fused_recurrent_linear_replayssm_decode(
             mixed_qkv=x, a=inst["a2"].view(N, H, HEAD), b=inst["b2"], A_log=pool["A_log"],

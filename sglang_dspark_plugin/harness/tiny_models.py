@@ -55,7 +55,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -170,21 +170,13 @@ KIMI32 = ModelSpec(
 # (256 experts top-8 of 1024 + 1 shared; layer 0 dense 9216) and vocabulary (163840): a serving
 # benchmark model whose step is GPU-bound like the real model's (~28 GB of bf16 weights), served
 # with random weights, so only for tokens/s (accept lengths there say nothing).
-KIMI48_8L = ModelSpec(
+KIMI48_8L = replace(
+    KIMI32,
     name="kimi48-8l",
     target_dir="kimi-linear-48b-8l",
     draft_dir="kimi-linear-48b-8l-draft",
     seed=SEED + 48,
     layers=("kda", "kda", "kda", "mla", "kda", "kda", "kda", "mla"),
-    hidden=2304,
-    intermediate=9216,
-    kda_heads=32,
-    mla_heads=32,
-    kda_decay=(0.05, 1.0),
-    max_positions=4096,
-    draft_heads=16,
-    draft_kv_heads=4,
-    draft_intermediate=4608,
     draft_target_layers=(1, 3, 5, 7),
     vocab=163840,
     moe=MoESpec(experts=256, top_k=8, intermediate=1024, shared=1, first_dense_layers=1, routed_scaling_factor=2.446),
