@@ -38,29 +38,29 @@ def test_package_names_no_variable_that_settings_does_not_define():
     assert named <= set(settings.ENV_VARS), sorted(named - set(settings.ENV_VARS))
 
 
-def test_product_reads_the_environment_only_in_settings():
-    offenders = []
+def product_nodes_outside_settings():
+    """``(path, node)`` for every AST node of the product's modules except settings.py."""
     for path in PRODUCT:
-        if path.name == "settings.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv"):
-                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        if path.name != "settings.py":
+            for node in ast.walk(ast.parse(path.read_text())):
+                yield path, node
+
+
+def test_product_reads_the_environment_only_in_settings():
+    offenders = [f"{path.relative_to(ROOT)}:{node.lineno}" for path, node in product_nodes_outside_settings()
+                 if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv")]
     assert not offenders, offenders
 
 
 def test_constants_are_defined_once():
     """HEAD_DIM, CONV_WIDTH and the activation dtypes live in settings.py only."""
     offenders = []
-    for path in PRODUCT:
-        if path.name == "settings.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Assign):
-                for target in node.targets:
-                    if isinstance(target, ast.Name) and target.id in ("HEAD_DIM", "CONV_WIDTH", "ACTIVATION_DTYPES",
-                                                                        "ACT_DTYPES"):
-                        offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {target.id}")
-            if isinstance(node, ast.FunctionDef) and node.name == "gpu_available":
-                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} gpu_available")
+    for path, node in product_nodes_outside_settings():
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id in ("HEAD_DIM", "CONV_WIDTH", "ACTIVATION_DTYPES",
+                                                                    "ACT_DTYPES"):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {target.id}")
+        if isinstance(node, ast.FunctionDef) and node.name == "gpu_available":
+            offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} gpu_available")
     assert not offenders, offenders

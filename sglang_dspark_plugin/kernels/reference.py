@@ -67,11 +67,17 @@ def kda_gate(a: torch.Tensor, dt_bias: torch.Tensor, A_log: torch.Tensor, lower_
     return -A * F.softplus(x, beta=1.0, threshold=20.0)
 
 
-def delta_step(S: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, v: torch.Tensor):
-    """One gated delta-rule step. S ``[..., V, K]``, k/g ``[..., K]``, beta ``[...]``, v ``[..., V]``."""
+def delta_step_with_delta(S: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, v: torch.Tensor):
+    """One gated delta-rule step and its corrected delta ``u`` ``[..., V]`` (what a decode-ring
+    row keeps). S ``[..., V, K]``, k/g ``[..., K]``, beta ``[...]``, v ``[..., V]``."""
     S = S * torch.exp(g)[..., None, :]
     u = beta[..., None] * (v - torch.einsum("...vk,...k->...v", S, k))
-    return S + u[..., :, None] * k[..., None, :]
+    return S + u[..., :, None] * k[..., None, :], u
+
+
+def delta_step(S: torch.Tensor, k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, v: torch.Tensor):
+    """One gated delta-rule step. S ``[..., V, K]``, k/g ``[..., K]``, beta ``[...]``, v ``[..., V]``."""
+    return delta_step_with_delta(S, k, g, beta, v)[0]
 
 
 def readout(S: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -325,10 +331,8 @@ def lazy_verify_ref(ssm_state, ring_d, ring_k, ring_g, cursor, slot: int, q, k, 
         cursor[slot] = p = 0
     out = torch.empty(T, *v.shape[1:], dtype=cd, device=v.device)
     for t in range(T):
-        S = S * torch.exp(g[t].to(cd))[:, None, :]
-        d = beta[t].to(cd)[:, None] * (v[t].to(cd) - torch.einsum("hvk,hk->hv", S, k[t].to(cd)))
-        S = S + d[:, :, None] * k[t].to(cd)[:, None, :]
-        out[t] = torch.einsum("hvk,hk->hv", S, q[t].to(cd))
+        S, d = delta_step_with_delta(S, k[t].to(cd), g[t].to(cd), beta[t].to(cd), v[t].to(cd))
+        out[t] = readout(S, q[t].to(cd))
         ring_d[slot, :, p + t] = d.to(ring_d.dtype)
         ring_k[slot, :, p + t] = k[t].to(ring_k.dtype)
         ring_g[slot, :, p + t] = g[t].to(ring_g.dtype)
