@@ -109,3 +109,58 @@ def _load_conv_window(cbase, ch, s_row):
 def _load_conv_weights(w_ptr, ch, s_w):
     base = w_ptr + ch.to(tl.int64) * s_w
     return (tl.load(base + 0), tl.load(base + 1), tl.load(base + 2), tl.load(base + 3))
+
+
+# ----------------------------------------------------------------------------------------------
+# Lazy record ring (docs/lazy-flush.md): a slot's pool state is a checkpoint and ring rows
+# [0, p) hold the records of the p accepted tokens since: corrected delta d [V] (fp32),
+# key before normalisation (the rawk ring), the key norm's reciprocal rk (the beta ring) and
+# log-gate g [K] (the g ring). The state after them is S0 o e^{G_p} + sum_s d_s (k_s o e^{G_p - G_{s+1}})^T.
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _lazy_cursor(cur_ptr, slot, ring_len, STEPS: tl.constexpr):
+    """``(p, flush, base)``: the slot's pending records, whether this window flushes (it would
+    not fit behind them: ``p + STEPS > L``) and the ring row of the window's first record."""
+    p = tl.load(cur_ptr + slot)
+    flush = p + STEPS > ring_len
+    return p, flush, tl.where(flush, 0, p)
+
+
+@triton.jit
+def _carried_keys(rk_base, rg_base, rb_base, s_rk_t, s_rg_t, s_rb_t, offs_c, p, LP: tl.constexpr):
+    """For channels ``offs_c`` of one (slot, head): the ``p`` pending records' keys carried to the
+    current token, ``k_s o e^{G_p - G_{s+1}}`` (``[LP, C]`` fp32, zero rows from ``p`` on), and the
+    checkpoint's decay ``e^{G_p}`` (``[C]``). ``k_s = rawk_s * rk_s``: the record keeps the key
+    before normalisation (exact in the activation dtype) and the norm's reciprocal."""
+    offs_l = tl.arange(0, LP)
+    pend = offs_l < p
+    g = tl.load(rg_base + offs_l[:, None] * s_rg_t + offs_c[None, :], mask=pend[:, None], other=0.0)
+    k = tl.load(rk_base + offs_l[:, None] * s_rk_t + offs_c[None, :], mask=pend[:, None], other=0.0)
+    rk = tl.load(rb_base + offs_l * s_rb_t, mask=pend, other=0.0)
+    G = tl.sum(g, axis=0)
+    carried = tl.where(pend[:, None], k.to(tl.float32) * rk[:, None] * tl.exp(G[None, :] - tl.cumsum(g, axis=0)), 0.0)
+    return carried, tl.exp(G)
+
+
+@triton.jit
+def _store_delta(hi_ptr, lo_ptr, offs, d, mask, SPLIT: tl.constexpr):
+    """Store fp32 corrected deltas ``d``: into one fp32 ring, or (``SPLIT``) as the high and low
+    16 bits of each value into two 16-bit rings (lossless: SGLang's bf16 ``replayssm_d`` /
+    ``replayssm_k``, unused under the speculative ring)."""
+    if SPLIT:
+        bits = d.to(tl.int32, bitcast=True)
+        tl.store(hi_ptr + offs, (bits >> 16).to(tl.int16), mask=mask)
+        tl.store(lo_ptr + offs, (bits & 0xFFFF).to(tl.int16), mask=mask)
+    else:
+        tl.store(hi_ptr + offs, d, mask=mask)
+
+
+@triton.jit
+def _load_delta(hi_ptr, lo_ptr, offs, mask, SPLIT: tl.constexpr):
+    """Inverse of :func:`_store_delta`: fp32 deltas, 0 where masked."""
+    if SPLIT:
+        hi = tl.load(hi_ptr + offs, mask=mask, other=0).to(tl.int32)
+        lo = tl.load(lo_ptr + offs, mask=mask, other=0).to(tl.int32) & 0xFFFF
+        return ((hi << 16) | lo).to(tl.float32, bitcast=True)
+    return tl.load(hi_ptr + offs, mask=mask, other=0.0)

@@ -197,6 +197,7 @@ def mtp_verify(
     dot_precision: Optional[str] = None, impl: Optional[str] = None,
     prep_block_k: Optional[int] = None, prep_num_warps: Optional[int] = None,
     finish: Optional[bool] = None,
+    record_cursor: Optional[torch.Tensor] = None, ring_delta=None,
 ) -> torch.Tensor:
     """KDA speculative verify of N requests x (1 + num_spec) tokens; state and conv are read-only.
 
@@ -277,6 +278,22 @@ def mtp_verify(
     finish : bool, optional
         Chunked kernel: run the per-(request, head) finish kernel between prep and streaming kernel
         (the window's ``T x T`` algebra once per head; default from the table: windows of 5+ tokens).
+    record_cursor : torch.Tensor, optional
+        Lazy record ring (ring mode; docs/lazy-flush.md): ``[slots]`` int32, ``p`` = the records of
+        accepted tokens a slot holds in ring rows ``[0, p)`` that ``ssm_state[slot]`` (the
+        checkpoint) does not yet include; SGLang's ``replayssm_write_pos``. Read only here (the
+        commit moves it, :func:`sglang_dspark_plugin.kernels.record_ring.advance_records`). The window starts from
+        the checkpoint carried over those records; when it would not fit behind them
+        (``p + 1 + num_spec > L``) that state is written to ``ssm_state[slot]`` first (a flush) and
+        the window's records start at row 0, else at row ``p``. Record of token t: its corrected
+        delta ``beta (v - S' k)`` (``ring_delta``), its key before normalisation (``ring_rawk``), the
+        key norm's reciprocal (``ring_beta``: in this mode it keeps no betas) and its log-decay
+        (``ring_g``). ``ring_rawv`` is not written. Always the chunked kernels.
+    ring_delta : torch.Tensor or (torch.Tensor, torch.Tensor), optional
+        With ``record_cursor``: the corrected deltas ``[slots, H, L, 128]``, one fp32 ring, or two
+        2-byte rings of that shape and equal strides holding the high and low 16 bits of each fp32
+        value (lossless; SGLang's bf16 ``replayssm_d`` / ``replayssm_k``, which the speculative ring
+        leaves unused).
 
     Exactly one of snapshot mode (``intermediate_ssm``) and ring mode (all four rings) must be used.
 
@@ -298,7 +315,10 @@ def mtp_verify(
         ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, cu_seqlens=cu_seqlens,
         num_spec=num_spec, intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
         intermediate_ssm=intermediate_ssm, rings=(ring_rawv, ring_rawk, ring_g, ring_beta), scale=scale, out=out,
+        record_cursor=record_cursor, ring_delta=ring_delta,
     )
+    if checked.delta is not None and impl is None:
+        impl = "chunked"  # the lazy record ring is built into the chunked kernels only
     plan = plan_mtp_verify(
         checked.H, checked.N, checked.steps, ring=checked.ring, impl=impl, block_v=block_v, num_warps=num_warps,
         block_k=block_k, num_stages=num_stages, dot_precision=dot_precision, prep_block_k=prep_block_k,
@@ -312,7 +332,7 @@ def mtp_verify(
         plan, checked, q, k, v, a, b, out, conv_weight=conv_weight, ssm_state=ssm_state, conv_state=conv_state,
         slot_indices=slot_indices, cu_seqlens=cu_seqlens, intermediate_conv=intermediate_conv,
         intermediate_rows=intermediate_rows, intermediate_ssm=intermediate_ssm,
-        rings=(ring_rawv, ring_rawk, ring_g, ring_beta),
+        rings=(ring_rawv, ring_rawk, ring_g, ring_beta), record_cursor=record_cursor,
     )
     return out
 
@@ -335,11 +355,12 @@ class _Checked:
     dt_flat: torch.Tensor  # [H*128] fp32 view of dt_bias
     lower_bound: Optional[float]
     scale: float
+    delta: Optional[tuple] = None  # lazy record ring: (hi, lo) delta ring(s), lo None when fp32
 
 
 def _validate(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, ssm_state, conv_state, slot_indices,
               cu_seqlens, num_spec, intermediate_conv, intermediate_rows, intermediate_ssm, rings, scale,
-              out) -> _Checked:
+              out, record_cursor=None, ring_delta=None) -> _Checked:
     """Check every argument of :func:`mtp_verify` (raises ``DSparkError`` E1xx, first problem first)."""
     T, H, act = V.check_activations([("q", q, True), ("k", k, True), ("v", v, True), ("a", a, False)])
     dev = q.device
@@ -386,13 +407,15 @@ def _validate(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, ssm_st
     if out is not None:
         V.check_out(out, T, H, act)
     ring_rawv, ring_rawk, ring_g, ring_beta = rings
+    delta = V.check_lazy_ring(record_cursor, ring_delta, ring_rawk, ssm_state.shape[0], ring)
     V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
                    ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, cu_seqlens=cu_seqlens,
                    intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
                    intermediate_ssm=intermediate_ssm, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
-                   ring_beta=ring_beta, out=out)
+                   ring_beta=ring_beta, out=out, record_cursor=record_cursor,
+                   ring_delta=None if delta is None else delta[0])
     return _Checked(T=T, H=H, N=N, steps=steps, act=act, ring=ring, A_flat=A_flat, dt_flat=dt_flat,
-                    lower_bound=lower_bound, scale=scale)
+                    lower_bound=lower_bound, scale=scale, delta=delta)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -451,9 +474,12 @@ def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[st
 # ----------------------------------------------------------------------------------------------
 
 def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, ssm_state, conv_state, slot_indices,
-            cu_seqlens, intermediate_conv, intermediate_rows, intermediate_ssm, rings) -> None:
+            cu_seqlens, intermediate_conv, intermediate_rows, intermediate_ssm, rings, record_cursor=None) -> None:
     """Launch the planned kernel(s) on validated arguments."""
     dev = q.device
+    if c.delta is not None and plan.impl != "chunked":
+        raise V.dspark_error(V.E_IMPL, "impl", expected="chunked (the lazy record ring's only kernel)",
+                             got=f"impl = {plan.impl!r}", fix="leave impl=None with record_cursor")
     if plan.impl == "chunked":
         ring_rawv, ring_rawk, ring_g, ring_beta = rings
         launch_verify_ring_chunked(
@@ -464,7 +490,8 @@ def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, s
             ring_beta=ring_beta, N=c.N, T=c.T, H=c.H, steps=c.steps, act_bf16=c.act == torch.bfloat16,
             block_v=plan.block_v, block_k=plan.block_k, num_warps=plan.num_warps, num_stages=plan.num_stages,
             prep_block_k=plan.prep_block_k, prep_num_warps=plan.prep_num_warps, dot_precision=plan.dot_precision,
-            finish=plan.finish, finish_num_warps=plan.finish_num_warps, pdl_kwargs=LC.pdl_kwargs(dev))
+            finish=plan.finish, finish_num_warps=plan.finish_num_warps, pdl_kwargs=LC.pdl_kwargs(dev),
+            record_cursor=record_cursor, ring_delta=c.delta)
         return
     extra = {} if plan.num_stages is None else dict(num_stages=plan.num_stages)
     snapshot = not c.ring

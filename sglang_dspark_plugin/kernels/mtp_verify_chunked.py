@@ -42,7 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import _conv_silu, _kda_gate, _pdl_enter, _round_act, _sigmoid
+from .common import (_carried_keys, _conv_silu, _kda_gate, _lazy_cursor, _load_delta, _pdl_enter, _round_act,
+                     _sigmoid, _store_delta)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -136,8 +137,9 @@ def _mm_small(a, b, K: tl.constexpr):
 @triton.jit
 def _window_coupling(wp_ptr, wss_ptr, rb_row, n, h, H, scale, live, offs_t, TP: tl.constexpr, NC: tl.constexpr):
     """The window's ``T x T`` coupling of request n, head h from the prep's ``NC`` chunk partials
-    (added in chunk order): ``P = M (I + diag(beta) A)^-1 diag(beta)`` with normalised q/k, and the
-    norms' reciprocals ``rq`` (times ``scale``) / ``rk`` (``[TP]``). ``rb_row``: the beta ring row."""
+    (added in chunk order): ``P = M Tm`` with ``Tm = (I + diag(beta) A)^-1 diag(beta)`` and
+    normalised q/k, the norms' reciprocals ``rq`` (times ``scale``) / ``rk`` (``[TP]``), and ``Tm``
+    itself (the lazy ring's corrected deltas are ``U = Z Tm^T``). ``rb_row``: the window's betas."""
     tt = offs_t[:, None] * TP + offs_t[None, :]
     A_raw = tl.zeros([TP, TP], dtype=tl.float32)  # unnormalised k.k and q.k pair sums
     M_raw = tl.zeros([TP, TP], dtype=tl.float32)
@@ -156,8 +158,9 @@ def _window_coupling(wp_ptr, wss_ptr, rb_row, n, h, H, scale, live, offs_t, TP: 
     diag = offs_t[:, None] == offs_t[None, :]
     Nm = tl.where(lower, A_raw * rk[:, None] * rk[None, :] * beta[:, None], 0.0)
     Mm = tl.where(lower | diag, M_raw * rq[:, None] * rk[None, :], 0.0)
-    P = _mm_small(Mm, _unit_lower_inverse_rows(Nm, TP), TP) * beta[None, :]  # [t, s]
-    return P, rq, rk
+    inv = _unit_lower_inverse_rows(Nm, TP)
+    P = _mm_small(Mm, inv, TP) * beta[None, :]  # [t, s]
+    return P, rq, rk, inv * beta[None, :]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -200,6 +203,7 @@ def _verify_prep_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr, dt_bias_ptr,
     conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr,
     rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr,
+    cur_ptr, wb_ptr, wr_ptr, wc_ptr, ring_len,
     H, lower_bound,
     s_q_t, s_q_h, s_k_t, s_k_h, s_a_t, s_a_h, s_b_t, s_b_h,
     s_w, s_conv_slot, s_conv_row,
@@ -207,6 +211,7 @@ def _verify_prep_kernel(
     s_rk_slot, s_rk_h, s_rk_t, s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t,
     STEPS: tl.constexpr, TP: tl.constexpr, BK: tl.constexpr,
     ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, USE_PDL: tl.constexpr = False,
+    LAZY: tl.constexpr = False, LP: tl.constexpr = 16,
 ):
     """Program (n, h, c): everything of the window that does not touch the state, for the q/k
     channels of chunk ``c`` (``BK`` of them; ``NC = 128 / BK`` chunks per head).
@@ -218,7 +223,13 @@ def _verify_prep_kernel(
     ``wss[n, h, c] = [|q_t|^2 (TP) | |k_t|^2 (TP)]``, which the finish kernel (5+ tokens) or the
     streaming kernel adds up in chunk order. One program per chunk rather than per head: fewer
     registers (255 -> 96-128 per thread at 4-token windows) and shorter serial chains per program
-    (H200: docs/benchmarks.md)."""
+    (H200: docs/benchmarks.md).
+
+    ``LAZY`` (lazy record ring): the window's records go to ring rows ``base + t`` behind the
+    slot's ``p`` pending ones (``base = 0`` when the window flushes), its betas to the workspace
+    ``wb[n, h]`` (the beta ring keeps the records' key-norm reciprocals), and this program also
+    leaves the pending records' carried keys of its channels in ``wr[n, h, :p, chunk]`` and the
+    checkpoint decay in ``wc[n, h, chunk]`` (:func:`_carried_keys`) for the streaming kernel."""
     _pdl_enter(USE_PDL)
     n = tl.program_id(0)
     h = tl.program_id(1)
@@ -250,17 +261,33 @@ def _verify_prep_kernel(
         dtb = tl.load(dt_bias_ptr + h * KD + offs_c)
         A_h = tl.exp(tl.load(A_log_ptr + h))
         b_raw = tl.load(b_ptr + (bos + offs_t).to(tl.int64) * s_b_t + h64 * s_b_h, mask=live & (ci == 0), other=0.0)
+        nh = (n * H + h).to(tl.int64)
+        if LAZY:
+            p, flush, base = _lazy_cursor(cur_ptr, slot, ring_len, STEPS)
+            carried, ckpt_decay = _carried_keys(rk_ptr + slot * s_rk_slot + h64 * s_rk_h,
+                                                rg_ptr + slot * s_rg_slot + h64 * s_rg_h,
+                                                rb_ptr + slot * s_rb_slot + h64 * s_rb_h,
+                                                s_rk_t, s_rg_t, s_rb_t, offs_c, p, LP)
+            offs_l = tl.arange(0, LP)
+            tl.store(wr_ptr + nh * (LP * KD) + offs_l[:, None] * KD + offs_c[None, :], carried,
+                     mask=(offs_l < p)[:, None])
+            tl.store(wc_ptr + nh * KD + offs_c, ckpt_decay)
+            # all of this program's reads of pending rows before a flushing window overwrites them
+            tl.debug_barrier()
+        else:
+            base = 0
+        rows_t = base + t64  # ring rows of the window's tokens
 
         yq = _conv_outputs(q3, q2, q1, q0, wq0, wq1, wq2, wq3, ch_q, icw_base, s_icw_win, m_live, ACT_BF16)
         yk = _conv_outputs(k3, k2, k1, k0, wk0, wk1, wk2, wk3, ch_k, icw_base, s_icw_win, m_live, ACT_BF16)
         g = tl.where(m_live, _kda_gate(at, dtb[None, :], A_h, lower_bound, USE_LB), 0.0)
-        tl.store(rk_ptr + slot * s_rk_slot + h64 * s_rk_h + t64 * s_rk_t + offs_c[None, :],
+        tl.store(rk_ptr + slot * s_rk_slot + h64 * s_rk_h + rows_t * s_rk_t + offs_c[None, :],
                  yk.to(rk_ptr.dtype.element_ty), mask=m_live)
-        tl.store(rg_ptr + slot * s_rg_slot + h64 * s_rg_h + t64 * s_rg_t + offs_c[None, :], g, mask=m_live)
+        tl.store(rg_ptr + slot * s_rg_slot + h64 * s_rg_h + rows_t * s_rg_t + offs_c[None, :], g, mask=m_live)
         hi, lo = _prefix_sum_pair(g)
         A_c, M_c = _pair_sums(yq, yk, hi, lo, m_live, TP)
         eG = tl.exp(hi + lo)
-        ws_tile = ws_ptr + (n * H + h).to(tl.int64) * (2 * TP * KD) + offs_t[:, None] * KD + offs_c[None, :]
+        ws_tile = ws_ptr + nh * (2 * TP * KD) + offs_t[:, None] * KD + offs_c[None, :]
         tl.store(ws_tile, yq * eG)
         tl.store(ws_tile + TP * KD, yk * eG)
         nhc = ((n * H + h) * NC + ci).to(tl.int64)
@@ -272,20 +299,28 @@ def _verify_prep_kernel(
         tl.store(wss_ptr + nhc * (2 * TP) + offs_t, tl.sum(yqd * yqd, axis=1))
         tl.store(wss_ptr + nhc * (2 * TP) + TP + offs_t, tl.sum(ykd * ykd, axis=1))
         if ci == 0:
-            tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t, _sigmoid(b_raw.to(tl.float32)),
-                     mask=live)
+            if LAZY:
+                tl.store(wb_ptr + nh * TP + offs_t, _sigmoid(b_raw.to(tl.float32)), mask=live)
+            else:
+                tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t, _sigmoid(b_raw.to(tl.float32)),
+                         mask=live)
 
 
 @triton.jit(do_not_specialize=["H", "s_rb_slot", "s_rb_h", "s_rb_t"])
-def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_ptr, H, scale,
+def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_ptr, cur_ptr, wb_ptr, ring_len, H, scale,
                           s_rb_slot, s_rb_h, s_rb_t,
-                          STEPS: tl.constexpr, TP: tl.constexpr, NC: tl.constexpr, USE_PDL: tl.constexpr = False):
+                          STEPS: tl.constexpr, TP: tl.constexpr, NC: tl.constexpr, USE_PDL: tl.constexpr = False,
+                          LAZY: tl.constexpr = False):
     """Program (n, h), between prep and streaming kernel for windows of 5+ tokens: the window
     coupling ``P`` (to ``pp[n, h]``, ``[TP, TP]``) and the q-side operand
     ``W = diag(rq) Qg - P diag(rk) Kg`` (over ``ws[n, h, 0]``), so that ``O^T = S0 W^T + V^T P^T``:
     the streaming kernels then do one state product and no ``T x T`` algebra. Once per head, not
     once per V-tile, and off the streaming kernel's critical path (H200, H=32, N=256: 880 -> 760 us
-    at 16-token windows; docs/benchmarks.md)."""
+    at 16-token windows; docs/benchmarks.md).
+
+    ``LAZY``: the betas come from the workspace ``wb``; ``pp[n, h]`` is ``[P | Tm | Tm diag(rk)]``
+    (``[3, TP, TP]``: the streaming kernel's corrected deltas are ``U = V^T Tm^T - (S Kg^T) (Tm diag(rk))^T``),
+    and the window's key-norm reciprocals go to the beta ring at the records' rows."""
     _pdl_enter(USE_PDL)
     n = tl.program_id(0)
     h = tl.program_id(1)
@@ -295,10 +330,20 @@ def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_
     if slot >= 0:
         bos = tl.load(cu_ptr + n)
         live = offs_t < tl.minimum(tl.load(cu_ptr + n + 1) - bos, STEPS)
-        rb_row = rb_ptr + slot * s_rb_slot + h.to(tl.int64) * s_rb_h + offs_t * s_rb_t
-        P, rq, rk = _window_coupling(wp_ptr, wss_ptr, rb_row, n, h, H, scale, live, offs_t, TP, NC)
         nh = (n * H + h).to(tl.int64)
-        tl.store(pp_ptr + nh * (TP * TP) + offs_t[:, None] * TP + offs_t[None, :], P)
+        rb_slot = rb_ptr + slot * s_rb_slot + h.to(tl.int64) * s_rb_h
+        rb_row = wb_ptr + nh * TP + offs_t if LAZY else rb_slot + offs_t * s_rb_t
+        P, rq, rk, Tm = _window_coupling(wp_ptr, wss_ptr, rb_row, n, h, H, scale, live, offs_t, TP, NC)
+        tt = offs_t[:, None] * TP + offs_t[None, :]
+        if LAZY:
+            pp_nh = pp_ptr + nh * (3 * TP * TP)
+            tl.store(pp_nh + TP * TP + tt, Tm)
+            tl.store(pp_nh + 2 * TP * TP + tt, Tm * rk[None, :])
+            p, flush, base = _lazy_cursor(cur_ptr, slot, ring_len, STEPS)
+            tl.store(rb_slot + (base + offs_t) * s_rb_t, rk, mask=live)
+        else:
+            pp_nh = pp_ptr + nh * (TP * TP)
+        tl.store(pp_nh + tt, P)
         ws_q = ws_ptr + nh * (2 * TP * KD) + offs_t[:, None] * KD + tl.arange(0, KD)[None, :]
         W = tl.load(ws_q) * rq[:, None] - _mm_small(P * rk[None, :], tl.load(ws_q + TP * KD), TP)
         tl.store(ws_q, W)
@@ -308,11 +353,14 @@ def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_
 def _verify_stream_kernel(
     v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr,
     ws_ptr, wp_ptr, wss_ptr, pp_ptr,
+    cur_ptr, wb_ptr, wr_ptr, wc_ptr, rd_hi_ptr, rd_lo_ptr, ring_len,
     N, T, H, scale,
     s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row,
     s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_rb_slot, s_rb_h, s_rb_t,
+    s_rd_slot, s_rd_h, s_rd_t,
     STEPS: tl.constexpr, TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
     FINISHED: tl.constexpr, ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
+    LAZY: tl.constexpr = False, LP: tl.constexpr = 16, SPLIT_D: tl.constexpr = False,
 ):
     """Program (iv, n, h): stream the state tile ``[BV, 128]`` through ``tl.dot``, do the V-tile's
     v conv (conv windows, rawv ring) and combine.
@@ -327,14 +375,23 @@ def _verify_stream_kernel(
 
     The epilogue's loads come after the state loop: issuing them first (and the v conv in the prep)
     measured slower on the H200 (more registers live across the loop: 168 instead of 115 per thread
-    at 4-token windows; 74.9 / 170.1 / 242.3 us against 76.6 / 142.5 / 219.6 at H=32, N=64)."""
+    at 4-token windows; 74.9 / 170.1 / 242.3 us against 76.6 / 142.5 / 219.6 at H=32, N=64).
+
+    ``LAZY`` (lazy record ring): the state the window starts from is the checkpoint carried over
+    the slot's ``p`` pending records, rebuilt per K-chunk by one more product
+    (``S = S0 o e^{G_p} + D^T Kc`` with the records' deltas ``D`` and the prep's carried keys ``Kc``)
+    and written back to the checkpoint when the window flushes (the only state write); the state
+    product also gives ``S Kg^T`` (with ``FINISHED``: ``[W ; Kg]`` stacked, 2TP rows), from which the
+    window's corrected deltas ``U = Z Tm^T`` (``Z = V^T - S Kg^T diag(rk)``) go to the delta ring at
+    rows ``base + t``. No rawv ring is written."""
     _pdl_enter(USE_PDL)
     iv = tl.program_id(0)
     n = tl.program_id(1)
     h = tl.program_id(2)
     KD: tl.constexpr = 128
-    TW: tl.constexpr = max(TP, 16) if FINISHED else TP  # window rows of this kernel's tiles
-    ROWS: tl.constexpr = TW if FINISHED else 2 * TP  # rows of the state product's operand
+    SPLIT_ACC: tl.constexpr = LAZY or not FINISHED  # the product has [q or W ; k] rows, split after
+    TW: tl.constexpr = TP if SPLIT_ACC else max(TP, 16)  # window rows of this kernel's tiles
+    ROWS: tl.constexpr = 2 * TP if SPLIT_ACC else TW  # rows of the state product's operand
     offs_v = iv * BV + tl.arange(0, BV)
     offs_t = tl.arange(0, TW)
     out_ty = out_ptr.dtype.element_ty
@@ -356,21 +413,36 @@ def _verify_stream_kernel(
         # CUDA-graph padding: read nothing from the slot, write nothing but zeros to out.
         tl.store(o_ptrs, tl.zeros([BV, TW], dtype=tl.float32).to(out_ty), mask=live[None, :])
     else:
+        nh = (n * H + h).to(tl.int64)
         s_tile = ssm_ptr + slot * s_ssm_slot + h64 * (KD * KD) + offs_v[:, None] * KD
         offs_r = tl.arange(0, ROWS)
-        ws_rows = ws_ptr + (n * H + h).to(tl.int64) * (2 * TP * KD) + offs_r[:, None] * KD
+        ws_rows = ws_ptr + nh * (2 * TP * KD) + offs_r[:, None] * KD
+        if LAZY:
+            p, flush, base = _lazy_cursor(cur_ptr, slot, ring_len, STEPS)
+            offs_l = tl.arange(0, LP)
+            pend = offs_l < p
+            rd_off = slot * s_rd_slot + h64 * s_rd_h
+            D = _load_delta(rd_hi_ptr, rd_lo_ptr, rd_off + offs_l[:, None] * s_rd_t + offs_v[None, :], pend[:, None],
+                            SPLIT_D)  # [LP, BV]
+            wr_rows = wr_ptr + nh * (LP * KD) + offs_l[:, None] * KD
         acc = tl.zeros([BV, ROWS], dtype=tl.float32)
         for c in range(0, KD, BK):
             offs_c = c + tl.arange(0, BK)
             S0 = tl.load(s_tile + offs_c[None, :])
-            if FINISHED:  # rows of W past TP are the padding
-                wt = tl.load(ws_rows + offs_c[None, :], mask=(offs_r < TP)[:, None], other=0.0)
-            else:
+            if LAZY:  # the current state: the checkpoint carried over the pending records
+                S0 = S0 * tl.load(wc_ptr + nh * KD + offs_c)[None, :]
+                kc = tl.load(wr_rows + offs_c[None, :], mask=pend[:, None], other=0.0)
+                S0 = tl.dot(tl.trans(D), kc, S0, input_precision=DOT_PREC)
+                if flush:
+                    tl.store(s_tile + offs_c[None, :], S0)
+            if SPLIT_ACC:
                 wt = tl.load(ws_rows + offs_c[None, :])
+            else:  # rows of W past TP are the padding
+                wt = tl.load(ws_rows + offs_c[None, :], mask=(offs_r < TP)[:, None], other=0.0)
             acc = tl.dot(S0, tl.trans(wt), acc, input_precision=DOT_PREC)
         if not FINISHED:
-            rb_row = rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t
-            P, rq, rk = _window_coupling(wp_ptr, wss_ptr, rb_row, n, h, H, scale, live, offs_t, TP, NC)
+            rb_row = wb_ptr + nh * TP + offs_t if LAZY else rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t
+            P, rq, rk, Tm = _window_coupling(wp_ptr, wss_ptr, rb_row, n, h, H, scale, live, offs_t, TP, NC)
 
         # v channels of this V-tile: conv, windows, rawv ring; all loads before the first store
         row = tl.load(irow_ptr + n).to(tl.int64)
@@ -379,19 +451,37 @@ def _verify_stream_kernel(
         v3, v2, v1, v0, wv0, wv1, wv2, wv3 = _conv_inputs(v_ptr + h64 * s_v_h, s_v_t, offs_v, ch_v,
                                                           conv_ptr + slot * s_conv_slot, s_conv_row, offs_t, bos,
                                                           n_tok, w_ptr, s_w)
+        tt = offs_t[:, None] * TP + offs_t[None, :]
         if FINISHED:
             in_tp = offs_t < TP
-            P = tl.load(pp_ptr + (n * H + h).to(tl.int64) * (TP * TP) + offs_t[:, None] * TP + offs_t[None, :],
-                        mask=in_tp[:, None] & in_tp[None, :], other=0.0)
+            pp_nh = pp_ptr + nh * (3 * TP * TP if LAZY else TP * TP)
+            P = tl.load(pp_nh + tt, mask=in_tp[:, None] & in_tp[None, :], other=0.0)
+            if LAZY:
+                Tm = tl.load(pp_nh + TP * TP + tt)
+                Tk = tl.load(pp_nh + 2 * TP * TP + tt)
         yv = _conv_outputs(v3, v2, v1, v0, wv0, wv1, wv2, wv3, ch_v, icw_base, s_icw_win, live[:, None], ACT_BF16)
-        tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
-                 + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=live[:, None])
-        if FINISHED:
+        if not LAZY:
+            tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
+                     + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=live[:, None])
+        if not SPLIT_ACC:
             o = acc + _mm_small(tl.trans(yv), tl.trans(P), TW)
         else:
             acc_q, acc_k = tl.split(tl.permute(tl.reshape(acc, [BV, 2, TP]), [0, 2, 1]))
-            Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
-            o = acc_q * rq[None, :] + _mm_small(Z, tl.trans(P), TP)
+            if FINISHED:  # acc_q = S W^T
+                o = acc_q + _mm_small(tl.trans(yv), tl.trans(P), TP)
+                U = _mm_small(tl.trans(yv), tl.trans(Tm), TP) - _mm_small(acc_k, tl.trans(Tk), TP)
+            else:
+                Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
+                o = acc_q * rq[None, :] + _mm_small(Z, tl.trans(P), TP)
+                if LAZY:
+                    U = _mm_small(Z, tl.trans(Tm), TP)
+                    tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + (base + offs_t) * s_rb_t, rk,
+                             mask=live & (iv == 0))
+        if LAZY:
+            # every program's reads of pending records (D) before a flushing window overwrites them
+            tl.debug_barrier()
+            _store_delta(rd_hi_ptr, rd_lo_ptr, rd_off + (base + offs_t)[None, :] * s_rd_t + offs_v[:, None], U,
+                         live[None, :], SPLIT_D)
         tl.store(o_ptrs, _round_act(o, ACT_BF16).to(out_ty), mask=live[None, :])
 
 
@@ -399,28 +489,47 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
                                conv_state, slot_indices, cu_seqlens, intermediate_conv, intermediate_rows,
                                ring_rawv, ring_rawk, ring_g, ring_beta, N, T, H, steps, act_bf16,
                                block_v=128, block_k=32, num_warps=4, num_stages=None, dot_precision="tf32x3",
-                               finish=False, finish_num_warps=4, prep_block_k=32, prep_num_warps=1, pdl_kwargs=None):
+                               finish=False, finish_num_warps=4, prep_block_k=32, prep_num_warps=1, pdl_kwargs=None,
+                               record_cursor=None, ring_delta=None):
     """Launch the prep, (with ``finish``) finish and streaming kernels on arguments ``mtp_verify``
     has validated.
 
     Workspace (allocated here, from the caching allocator: CUDA-graph capturable): ``[N, H, 2, TP, 128]``
     fp32 decayed q/k, the prep's per-chunk pair sums ``[N, H, NC, 2, TP, TP]`` fp32 and sums of squares
-    ``[N, H, NC, 2, TP]`` fp64, with ``finish`` also ``P`` (``[N, H, TP, TP]`` fp32);
-    ``TP = next_pow2(1 + num_spec)``, ``NC = 128 / prep_block_k``."""
+    ``[N, H, NC, 2, TP]`` fp64, with ``finish`` also ``P`` (``[N, H, TP, TP]`` fp32; lazy: ``[N, H, 3, TP, TP]``);
+    ``TP = next_pow2(1 + num_spec)``, ``NC = 128 / prep_block_k``. Lazy record ring (``record_cursor``
+    given, ``ring_delta`` a pair ``(hi, lo)``: one fp32 ring and None, or two 16-bit rings): the
+    window's betas ``[N, H, TP]``, the pending records' carried keys ``[N, H, LP, 128]`` and the
+    checkpoint decays ``[N, H, 128]``, fp32, ``LP = max(16, next_pow2(L))``."""
     rv, rk, rg, rb = ring_rawv, ring_rawk, ring_g, ring_beta
     TP = max(2, triton.next_power_of_2(steps))
     dev = q.device
     NC = 128 // prep_block_k
+    lazy = record_cursor is not None
+    L = rk.shape[-2]
+    LP = max(16, triton.next_power_of_2(L))
     ws = torch.empty((N, H, 2, TP, 128), dtype=torch.float32, device=dev)
     wp = torch.empty((N, H, NC, 2, TP, TP), dtype=torch.float32, device=dev)
     wss = torch.empty((N, H, NC, 2, TP), dtype=torch.float64, device=dev)
-    pp = torch.empty((N, H, TP, TP) if finish else (1,), dtype=torch.float32, device=dev)
+    pp = torch.empty(((N, H, 3 if lazy else 1, TP, TP) if finish else (1,)), dtype=torch.float32, device=dev)
+    if lazy:
+        wb = torch.empty((N, H, TP), dtype=torch.float32, device=dev)
+        wr = torch.empty((N, H, LP, 128), dtype=torch.float32, device=dev)
+        wc = torch.empty((N, H, 128), dtype=torch.float32, device=dev)
+        rd_hi, rd_lo = ring_delta
+        split_d = rd_lo is not None
+        rd_lo = rd_hi if rd_lo is None else rd_lo
+        cursor = record_cursor
+    else:
+        wb = wr = wc = rd_hi = rd_lo = ws  # placeholders, never touched
+        cursor, split_d = slot_indices, False
     pdl_kw = pdl_kwargs or {}  # launch_config.pdl_kwargs(device)
     icw = intermediate_conv
     _verify_prep_kernel[(N, H, NC)](
         q, k, a, b, conv_weight, A_flat, dt_flat,
         conv_state, slot_indices, cu_seqlens, icw, intermediate_rows,
         rk, rg, rb, ws, wp, wss,
+        cursor, wb, wr, wc, L,
         H, 0.0 if lower_bound is None else lower_bound,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), a.stride(1), a.stride(2), b.stride(1), b.stride(2),
         conv_weight.stride(0), conv_state.stride(0), conv_state.stride(1),
@@ -428,24 +537,27 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
         rk.stride(0), rk.stride(1), rk.stride(2), rg.stride(0), rg.stride(1), rg.stride(2),
         rb.stride(0), rb.stride(1), rb.stride(2),
         STEPS=steps, TP=TP, BK=prep_block_k, ACT_BF16=act_bf16, USE_LB=lower_bound is not None,
-        num_warps=prep_num_warps, **pdl_kw,
+        LAZY=lazy, LP=LP, num_warps=prep_num_warps, **pdl_kw,
     )
     if finish:
         _verify_finish_kernel[(N, H)](
-            slot_indices, cu_seqlens, rb, ws, wp, wss, pp, H, scale, rb.stride(0), rb.stride(1), rb.stride(2),
-            STEPS=steps, TP=TP, NC=NC, num_warps=finish_num_warps, **pdl_kw)
+            slot_indices, cu_seqlens, rb, ws, wp, wss, pp, cursor, wb, L, H, scale,
+            rb.stride(0), rb.stride(1), rb.stride(2),
+            STEPS=steps, TP=TP, NC=NC, LAZY=lazy, num_warps=finish_num_warps, **pdl_kw)
     kw = dict(num_warps=num_warps, **pdl_kw)
     if num_stages is not None:
         kw["num_stages"] = num_stages
     _verify_stream_kernel[(128 // block_v, N, H)](
         v, out, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens, icw, intermediate_rows, rv, rb,
         ws, wp, wss, pp,
+        cursor, wb, wr, wc, rd_hi, rd_lo, L,
         N, T, H, scale,
         v.stride(1), v.stride(2), out.stride(1), out.stride(2), conv_weight.stride(0),
         ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
         icw.stride(0), icw.stride(1), icw.stride(2),
         rv.stride(0), rv.stride(1), rv.stride(2), rb.stride(0), rb.stride(1), rb.stride(2),
+        *(rd_hi.stride()[:3] if lazy else (0, 0, 0)),
         STEPS=steps, TP=TP, BV=block_v, BK=block_k, NC=NC, FINISHED=finish, ACT_BF16=act_bf16,
-        DOT_PREC=dot_precision, **kw,
+        DOT_PREC=dot_precision, LAZY=lazy, LP=LP, SPLIT_D=split_d, **kw,
     )
     return out

@@ -388,3 +388,50 @@ def check_rings(rawv, rawk, g, beta, H: int, min_len: int, dtype: torch.dtype, *
         raise dspark_error(E_RING, "ring length L", expected=f"L >= {min_len} (1 + num_spec)", got=f"L = {L}",
                            fix="raise --linear-replayssm-cache-len (a power of two >= 2*(1+num_spec))")
     return L
+
+
+def check_lazy_ring(record_cursor, ring_delta, ring_rawk, slots: int, ring: bool):
+    """Check the lazy record ring's arguments of a verify (both or neither; ring mode only) and
+    return :func:`check_delta_ring`'s ``(hi, lo)``, or None when the ring is not lazy."""
+    if (record_cursor is None) != (ring_delta is None):
+        raise dspark_error(
+            E_MODE, "record_cursor/ring_delta", expected="both (lazy record ring) or neither",
+            got="only record_cursor" if ring_delta is None else "only ring_delta",
+            fix="pass the pool's replayssm_write_pos with the delta ring(s), or neither",
+        )
+    if record_cursor is None:
+        return None
+    if not ring:
+        raise dspark_error(
+            E_MODE, "record_cursor", expected="ring mode (the four replayssm_* rings) for the lazy record ring",
+            got="snapshot mode", fix="pass the rings, or leave record_cursor/ring_delta out",
+        )
+    check_index("record_cursor", record_cursor, slots, what="pending records per slot")
+    return check_delta_ring(ring_delta, ring_rawk)
+
+
+def check_delta_ring(ring_delta, ring_rawk):
+    """The lazy ring's corrected deltas as ``(hi, lo)``: one fp32 ring and None, or the two 16-bit
+    halves as int16 views. ``ring_delta`` is an fp32 tensor of ``ring_rawk``'s shape, or a pair of
+    2-byte tensors of that shape and the same strides (high halves first)."""
+    pair = tuple(ring_delta) if isinstance(ring_delta, (tuple, list)) else (ring_delta, None)
+    if len(pair) != 2:
+        raise dspark_error(E_RING, "ring_delta", expected="a tensor or a pair (high, low) of tensors",
+                           got=f"{len(pair)} tensors", fix="pass replayssm_d, or (replayssm_d, replayssm_k)")
+    hi, lo = pair
+    for name, t in (("ring_delta", hi), ("ring_delta[1]", lo)):
+        if t is None and name == "ring_delta[1]":
+            continue
+        check_tensor(name, t, E_RING)
+        if t.shape != ring_rawk.shape or t.stride(-1) != 1:
+            raise dspark_error(E_RING, name, expected=f"{list(ring_rawk.shape)} like ring_rawk, last dim contiguous",
+                               got=_desc(t), fix="pass the pool's replayssm_d (and replayssm_k) of the same layer(s)")
+    if lo is None:
+        if hi.dtype != torch.float32:
+            raise dspark_error(E_RING, "ring_delta", expected="one float32 ring, or a pair of 16-bit rings",
+                               got=_desc(hi), fix="pass (replayssm_d, replayssm_k) when they are bfloat16")
+        return hi, None
+    if hi.element_size() != 2 or lo.element_size() != 2 or hi.stride() != lo.stride():
+        raise dspark_error(E_RING, "ring_delta", expected="two 2-byte rings with equal strides (high, low halves)",
+                           got=f"{_desc(hi)} / {_desc(lo)}", fix="pass (replayssm_d, replayssm_k) of one layer")
+    return hi.view(torch.int16), lo.view(torch.int16)

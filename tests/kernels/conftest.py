@@ -16,7 +16,8 @@ if not torch.cuda.is_available():
     _mods = ["sglang_dspark_plugin.kernels.common", "sglang_dspark_plugin.kernels.mtp_verify_chunked",
              "sglang_dspark_plugin.kernels.mtp_verify",
              "sglang_dspark_plugin.kernels.decode", "sglang_dspark_plugin.kernels.conv_window",
-             "sglang_dspark_plugin.kernels.replayssm_fold", "sglang_dspark_plugin.kernels"]
+             "sglang_dspark_plugin.kernels.replayssm_fold", "sglang_dspark_plugin.kernels.record_ring",
+             "sglang_dspark_plugin.kernels"]
     _mv = sys.modules.get("sglang_dspark_plugin.kernels.mtp_verify")
     if _mv is not None and type(_mv._mtp_verify_kernel).__name__ != "InterpretedFunction":
         for _m in _mods:

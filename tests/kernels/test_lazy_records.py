@@ -1,0 +1,127 @@
+"""The lazy record ring (docs/lazy-flush.md) against an uninterrupted float64 run of the accepted
+tokens: verify with ``record_cursor`` -> random accept -> ``commit_records`` + conv roll, over
+enough cycles to cross several flushes, with ragged windows, a padding row and a radix track
+snapshot (``materialize_records``) every cycle.
+
+Checked after every cycle: the window's outputs, the pool's conv window, the state the slot
+materialises to (checkpoint carried over its pending records), the checkpoint alone = the eager
+state ``cursor`` tokens ago (what SGLang's no_buffer finish path would donate), the track
+snapshot, and untouched slots. fp32 activations: under the CPU interpreter bf16 is raw bits.
+"""
+
+import random
+
+import pytest
+import torch
+
+from kda_testutil import F64, make_problem, rel_err, same_bytes
+from sglang_dspark_plugin.kernels import mtp_verify
+from sglang_dspark_plugin.kernels import reference as R
+from sglang_dspark_plugin.kernels.conv_window import copy_conv_windows
+from sglang_dspark_plugin.kernels.record_ring import commit_records, materialize_records
+
+CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.parametrize(
+    "num_spec,L,split,cycles",
+    [(3, 8, False, 8), (3, 16, True, 10), (7, 16, False, 10)],
+    ids=["T4-L8", "T4-L16-split", "T8-L16-finish"],
+)
+def test_lazy_ring_trajectory(num_spec, L, split, cycles):
+    cycles = cycles * (20 if CUDA else 1)
+    steps = 1 + num_spec
+    N, H = 3, 2
+    slot_list = [1, -1, 3]  # request 1 is CUDA-graph padding
+    live = [(n, s) for n, s in enumerate(slot_list) if s >= 0]
+    track_slot = 4  # a spare slot receives request 0's track snapshots
+    p = make_problem(N=N, H=H, num_spec=num_spec, dtype=torch.float32, lower_bound=None, seed=5 + L + num_spec,
+                     slot_list=slot_list, slots=6)
+    dev = p.q.device
+    icw = p.new_icw()
+    rings = p.new_rings(L=L)
+    if split:  # fp32 deltas as two 16-bit halves (SGLang's bf16 replayssm_d / replayssm_k)
+        delta = tuple(torch.zeros(p.slots, H, L, 128, dtype=torch.bfloat16, device=dev) for _ in range(2))
+    else:
+        delta = torch.full((p.slots, H, L, 128), float("nan"), dtype=torch.float32, device=dev)
+    cursor = torch.zeros(p.slots, dtype=torch.int32, device=dev)
+    untouched = {s: p.ssm_state[s].clone() for s in (0, 2, 5)}
+    par64 = dict(conv_weight=p.conv_weight.to(F64), A_log=p.A_log.to(F64), dt_bias=p.dt_bias.to(F64),
+                 lower_bound=p.lower_bound, act_dtype=torch.float32)
+    truth = {s: [p.ssm_state[s].to(F64)] for _, s in live}  # eager state after every accepted token
+    window = {s: p.conv_state[s].to(F64) for _, s in live}
+    rng = random.Random(L * 10 + num_spec)
+    g = torch.Generator().manual_seed(L + num_spec)
+    flushes = 0
+    for cycle in range(cycles):
+        lengths = [rng.randint(1, steps) if n == 2 else steps for n in range(N)]  # request 2 is ragged
+        cu = torch.tensor([0] + [sum(lengths[: i + 1]) for i in range(N)], dtype=torch.int32, device=dev)
+        q, k, v = (torch.randn(1, p.T, H, 128, generator=g).to(dev) for _ in range(3))
+        a = torch.randn(1, p.T, H, 128, generator=g).to(dev)
+        b = torch.randn(1, p.T, H, generator=g).to(dev)
+        before = cursor.clone()
+        out = mtp_verify(q, k, v, a, b, **p.params(), ssm_state=p.ssm_state, conv_state=p.conv_state,
+                         slot_indices=p.slot_indices, cu_seqlens=cu, num_spec=num_spec, intermediate_conv=icw,
+                         intermediate_rows=p.intermediate_rows, **rings, record_cursor=cursor, ring_delta=delta)
+        assert torch.equal(cursor, before)  # the verify only reads the cursor
+        accept = [rng.randint(1, ln) for ln in lengths]
+        track_step = rng.randint(0, accept[0] - 1)
+        acc_t = torch.tensor(accept, dtype=torch.int32, device=dev)
+        base = commit_records(cursor, p.slot_indices, acc_t, steps=steps, ring_len=L)
+        copy_conv_windows(p.conv_state[None], icw[None], p.slot_indices, p.intermediate_rows, acc_t - 1)
+        one = torch.ones(1, dtype=torch.int32, device=dev)
+        materialize_records(p.ssm_state[None], rings["ring_rawk"][None], rings["ring_g"][None],
+                            rings["ring_beta"][None], tuple(d[None] for d in delta) if split else delta[None],
+                            src_slots=one * slot_list[0], counts=(base[:1] + track_step + 1).to(torch.int32),
+                            dst_slots=one * track_slot)
+
+        assert torch.equal(out[0, cu[1]:cu[2]], torch.zeros_like(out[0, cu[1]:cu[2]]))  # padding row
+        for n, s in live:
+            flushes += int(before[s]) + steps > L
+            bos = int(cu[n])
+            full = slice(bos, bos + lengths[n])
+            o64, _, _ = R.sequential_ref(*(x[:, full].to(F64) for x in (q, k, v, a, b)), **par64,
+                                         state=truth[s][-1], window=window[s])
+            assert rel_err(out[0, full], o64) <= 2e-5, (cycle, n)
+            states = [truth[s][-1]]
+            win = window[s]
+            for t in range(accept[n]):
+                tok = slice(bos + t, bos + t + 1)
+                _, S, win = R.sequential_ref(*(x[:, tok].to(F64) for x in (q, k, v, a, b)), **par64,
+                                             state=states[-1], window=win)
+                states.append(S)
+            truth[s] += states[1:]
+            window[s] = win
+            if n == 0:
+                assert rel_err(p.ssm_state[track_slot], states[1 + track_step]) <= 2e-5, cycle
+            assert torch.equal(p.conv_state[s].to(F64), window[s]), (cycle, n)
+            pending = int(cursor[s])
+            assert 0 < pending <= L
+            assert rel_err(p.ssm_state[s], truth[s][-1 - pending]) <= 2e-5, (cycle, n)  # the checkpoint
+        now = p.ssm_state.clone()
+        materialize_records(now[None], rings["ring_rawk"][None], rings["ring_g"][None], rings["ring_beta"][None],
+                            tuple(d[None] for d in delta) if split else delta[None],
+                            src_slots=p.slot_indices.clamp(min=0), counts=cursor[p.slot_indices.clamp(min=0).long()],
+                            dst_slots=p.slot_indices)
+        for n, s in live:
+            assert rel_err(now[s], truth[s][-1]) <= 2e-5, (cycle, n)  # the materialised state
+    for s, st in untouched.items():
+        assert same_bytes(p.ssm_state[s], st)
+    assert flushes >= 2, flushes  # the run crossed flushes
+
+
+def test_lazy_ring_rejects_bad_arguments():
+    p = make_problem(N=1, H=1, num_spec=1, dtype=torch.float32, lower_bound=None, seed=1)
+    rings = p.new_rings(L=4)
+    cursor = torch.zeros(p.slots, dtype=torch.int32, device=p.q.device)
+    kw = dict(**p.verify_kwargs(), intermediate_conv=p.new_icw())
+    from sglang_dspark_plugin.errors import DSparkError
+
+    with pytest.raises(DSparkError, match="record_cursor/ring_delta"):
+        mtp_verify(*p.acts(), **kw, **rings, record_cursor=cursor)
+    with pytest.raises(DSparkError, match="ring_delta"):  # bf16 alone loses the low bits
+        mtp_verify(*p.acts(), **kw, **rings, record_cursor=cursor,
+                   ring_delta=torch.zeros_like(rings["ring_rawk"], dtype=torch.bfloat16))
+    with pytest.raises(DSparkError, match="ring mode"):
+        mtp_verify(*p.acts(), **kw, intermediate_ssm=p.new_issm(), record_cursor=cursor,
+                   ring_delta=torch.zeros_like(rings["ring_rawk"]))
