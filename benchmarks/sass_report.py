@@ -27,7 +27,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sglang_dspark_plugin.kernels import mtp_verify_chunked
+from sglang_dspark_plugin.kernels import mtp_verify_chunked, record_ring
 
 # the package exports the wrapper function under the module's name
 replayssm_fold = importlib.import_module("sglang_dspark_plugin.kernels.replayssm_fold")
@@ -39,7 +39,9 @@ H200 = GPUTarget("cuda", 90, 32)
 # fp32 and every other non-constexpr argument an int32.
 ACT = ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "out_ptr", "conv_ptr", "icw_ptr", "rk_ptr", "rv_ptr")
 TYPES = {**{n: "*bf16" for n in ACT}, **{n: "*i32" for n in ("slot_ptr", "cu_ptr", "irow_ptr", "acc_ptr", "tslot_ptr",
-                                                               "tstep_ptr")},
+                                                               "tstep_ptr", "cur_ptr", "src_ptr",
+                                                               "cnt_ptr", "dst_ptr")},
+         "rd_hi_ptr": "*i16", "rd_lo_ptr": "*i16",
          "wss_ptr": "*fp64", "lower_bound": "fp32", "scale": "fp32"}
 
 
@@ -108,12 +110,14 @@ def loads_after_first_store(order: str) -> int:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=("verify-prep", "verify-finish", "verify-stream", "fold"))
+    ap.add_argument("kernel", choices=("verify-prep", "verify-finish", "verify-stream", "fold", "materialize"))
     ap.add_argument("--T", type=int, default=4, help="window length 1 + num_spec")
     ap.add_argument("--block-k", type=int, default=None, help="prep: channels per program; stream: K-chunk")
     ap.add_argument("--block-v", type=int, default=None, help="stream (128) / fold (16): V rows per program")
     ap.add_argument("--prep-block-k", type=int, default=64, help="stream: the prep's chunk (number of partials)")
     ap.add_argument("--finish", action="store_true", help="stream: the variant after the finish kernel")
+    ap.add_argument("--lazy", action="store_true", help="verify kernels: the lazy record ring's variant "
+                    "(16-row record tiles, deltas as 16-bit halves)")
     ap.add_argument("--warps", type=int, default=None)
     ap.add_argument("--no-conv", action="store_true", help="fold: without the conv-state roll")
     ap.add_argument("--stages", type=int, default=3)
@@ -121,19 +125,23 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     TP = max(2, triton.next_power_of_2(a.T))
     common = dict(STEPS=a.T, TP=TP, ACT_BF16=True, USE_PDL=False)
-    if a.kernel == "fold":  # the window length is a runtime value there
+    lazy = dict(LAZY=a.lazy, LP=16)
+    if a.kernel == "materialize":
+        fn, warps, common = record_ring._materialize_records_kernel, a.warps or 4, dict(USE_PDL=False)
+        const = dict(common, BV=a.block_v or 32, LP=16, SPLIT_D=True, DOT_PREC="tf32x3")
+    elif a.kernel == "fold":  # the window length is a runtime value there
         fn, warps, common = replayssm_fold._replayssm_fold_kernel, a.warps or 1, dict(USE_PDL=False)
         const = dict(common, BV=a.block_v or 16, CONV=not a.no_conv, TRACK=False)
     elif a.kernel == "verify-prep":
         fn, warps = mtp_verify_chunked._verify_prep_kernel, a.warps or 1
-        const = dict(common, BK=a.block_k or 64, USE_LB=True)
+        const = dict(common, BK=a.block_k or 64, USE_LB=True, **lazy)
     elif a.kernel == "verify-finish":
         fn, warps = mtp_verify_chunked._verify_finish_kernel, a.warps or 4
-        const = dict(STEPS=a.T, TP=TP, NC=128 // a.prep_block_k, USE_PDL=False)
+        const = dict(STEPS=a.T, TP=TP, NC=128 // a.prep_block_k, USE_PDL=False, LAZY=a.lazy)
     else:
         fn, warps = mtp_verify_chunked._verify_stream_kernel, a.warps or 4
         const = dict(common, BV=a.block_v or 128, BK=a.block_k or 32, NC=128 // a.prep_block_k, FINISHED=a.finish,
-                     DOT_PREC="tf32x3")
+                     DOT_PREC="tf32x3", SPLIT_D=a.lazy, **lazy)
     r = report(compile_sm90(fn, const, warps, a.stages), a.lines)
     print(f"{a.kernel}{'' if a.kernel == 'fold' else f' T={a.T}'} {', '.join(f'{k}={v}' for k, v in const.items() if k not in common)} warps={warps} "
           f"stages={a.stages}: {r['registers']} registers, {r['stack']} B stack, {r['shared']} B shared, "

@@ -8,7 +8,16 @@ for Kimi-style models served with ``--attention-backend dspark``. Per forward mo
 | TARGET_VERIFY, num_spec >= 1 | ``layout.densify_verify_batch`` -> ``kernels.mtp_verify`` (ring mode under ``--enable-linear-replayssm-spec``, snapshot mode otherwise) -> back to SGLang's token order |
 | DECODE (num_spec == 0)       | ``kernels.decode`` (conv + recurrence, in place; buffered in SGLang's decode ring under ``--enable-linear-replayssm``) + SGLang's radix track bookkeeping |
 | EXTEND / prefill             | SGLang's own chunked prefill (``KDAAttnBackend.forward_extend``) |
-| commit after verify          | ``commit.commit_verified_states`` (ReplaySSM fold, or SGLang's snapshot scatter) |
+| commit after verify          | ``commit.commit_verified_states`` (lazy record ring: cursor advance + conv roll; ReplaySSM fold; or SGLang's snapshot scatter) |
+
+Lazy record ring (``--enable-linear-replayssm-spec``, docs/lazy-flush.md): where it is safe
+(:meth:`DSparkKDAAttnBackend._lazy_records_off_reason`), the pool's state is a checkpoint and the
+rings keep records of the accepted tokens since; the verify rebuilds its start state from them and
+flushes inside its state pass, and the commit only moves a per-slot cursor. The cursor is SGLang's
+own ``mamba_pool.replayssm_write_pos`` (allocated here; SGLang allocates it only for the decode
+ring): SGLang then resets it wherever a slot gets a new owner or a copied state (``alloc``,
+``copy_from``, loaded states). The corrected deltas go to the pool's ``replayssm_d`` /
+``replayssm_k``, which SGLang allocates and leaves unused under the speculative ring.
 
 Layers the fast path cannot take (head_dim != 128, unequal q/k/v head counts, conv width != 4,
 conv bias, non-fp32 recurrent state, fp16 activations, tree verify with topk > 1, FlashInfer
@@ -28,11 +37,11 @@ from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
 from sglang.srt.layers.attention.linear.utils import select_verify_intermediate_state_indices
 from sglang.srt.runtime_context import get_spec
 
-from .commit import commit_verified_states
+from .commit import commit_verified_states, delta_ring
 from .errors import dspark_error
 from .kernels import decode, mtp_verify
 from .layout import as_dense_beta, as_dense_heads, densify_verify_batch, split_mixed_qkv
-from .settings import ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM
+from .settings import ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM, LAZY_RECORDS_ENV, lazy_records_enabled
 
 logger = logging.getLogger("sglang_dspark_plugin")
 
@@ -100,6 +109,72 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             )
         # Which verify implementation ran last: the commit must match it.
         self.last_verify_used_plugin = False
+        # The lazy record ring's cursor (the pool's replayssm_write_pos), or None: fold every commit.
+        self.record_cursor: Optional[torch.Tensor] = None
+        self._init_lazy_records()
+
+    # --- lazy record ring -----------------------------------------------------------------------
+
+    def _lazy_records_off_reason(self, mamba_pool) -> Optional[str]:
+        """Why the lazy record ring cannot run here, or None. Every condition is one of
+        docs/lazy-flush.md's: a path that would read a slot's state behind the plugin's back."""
+        if not lazy_records_enabled():
+            return f"{LAZY_RECORDS_ENV}=0"
+        from sglang.srt.mem_cache.memory_pool import MambaPool
+
+        if type(mamba_pool) is not MambaPool:
+            return f"pool type {type(mamba_pool).__name__} (the cursor's resets are MambaPool's)"
+        if getattr(mamba_pool, "replayssm_write_pos", None) is not None:
+            return "the pool's replayssm_write_pos is already in use"
+        cache = mamba_pool.mamba_cache
+        rawk, d, k = cache.replayssm_rawk, cache.replayssm_d, cache.replayssm_k
+        if d is None or k is None or d.shape != rawk.shape or k.shape != rawk.shape or d.stride() != k.stride():
+            return "the pool has no spare replayssm_d / replayssm_k rings of the records' shape"
+        if d.dtype != torch.float32 and (d.element_size() != 2 or k.element_size() != 2):
+            return f"replayssm_d dtype {d.dtype} (fp32, or two 16-bit rings, hold the fp32 deltas)"
+        if cache.temporal.dtype != torch.float32:
+            return f"recurrent state dtype {cache.temporal.dtype}"
+        if self.accept_lens_pool is not None:
+            return "FlashInfer fused-accept verify backend selected"
+        if rawk.shape[-2] < 2 * self.num_draft_tokens:
+            return f"ring length {rawk.shape[-2]} < 2 windows"
+        from sglang.srt.runtime_context import get_disagg, get_memory, get_parallel, get_schedule, get_serving
+
+        if (get_disagg().disaggregation_mode or "null") != "null":
+            return "PD disaggregation (retraction backs up a slot's state without its records)"
+        if (get_parallel().pp_size or 1) > 1:
+            return "pipeline parallelism (SGLang commits stable rows itself)"
+        if get_schedule().enable_mixed_chunk or get_serving().enable_streaming_session:
+            return "mixed chunks / streaming sessions (an extend would start from a checkpoint with pending records)"
+        if (get_spec().speculative_eagle_topk or 1) > 1:
+            return "tree verify (speculative topk > 1)"
+        if not getattr(self.req_to_token_pool, "enable_mamba_extra_buffer", False) and not get_memory().disable_radix_cache:
+            return ("no_buffer radix cache (SGLang's finish path would cache the checkpoint under a key "
+                    "shortened by the pending records, with the latest conv window)")
+        return None
+
+    def _init_lazy_records(self) -> None:
+        mamba_pool = getattr(self.req_to_token_pool, "mamba_pool", None)
+        if self.num_draft_tokens is None or not getattr(mamba_pool, "replayssm_is_kda", False):
+            return  # no speculative KDA ring: nothing to decide
+        reason = self._lazy_records_off_reason(mamba_pool)
+        if reason is not None:
+            logger.info("dspark: lazy record ring off: %s; every commit folds the accepted tokens", reason)
+            return
+        temporal = mamba_pool.mamba_cache.temporal
+        mamba_pool.replayssm_write_pos = torch.zeros(temporal.shape[1], dtype=torch.int32, device=temporal.device)
+        self.record_cursor = mamba_pool.replayssm_write_pos
+        logger.info("dspark: lazy record ring on (ring length %d)", mamba_pool.mamba_cache.replayssm_rawk.shape[-2])
+
+    def init_forward_metadata(self, forward_batch):
+        super().init_forward_metadata(forward_batch)
+        mode = forward_batch.forward_mode
+        if self.record_cursor is not None and mode.is_extend() and not mode.is_target_verify():
+            # A prefill starts its slots' records afresh, in stream order: SGLang's reset at alloc
+            # runs on the scheduler's stream and may land before an in-flight commit of the slot's
+            # previous owner (overlap scheduling). Extends never continue from pending records here
+            # (mixed chunks and streaming sessions keep the lazy ring off).
+            self.record_cursor[self.forward_metadata.mamba_cache_indices.clamp(min=0).long()] = 0
 
     # --- routing ------------------------------------------------------------------------------
 
@@ -195,6 +270,14 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
     def _forward_target_verify(self, layer, forward_batch, mixed_qkv, a, b):
         cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
         reason = self._fallback_reason(layer, mixed_qkv, cache, verify=True)
+        if reason is not None and self.record_cursor is not None:
+            raise dspark_error(
+                "DSPARK-E209", f"KDA layer {layer.layer_id}",
+                expected="the plugin's verify on every KDA layer under the lazy record ring",
+                got=f"a fallback to SGLang's verify ({reason})",
+                fix=f"set {LAZY_RECORDS_ENV}=0 (every commit folds; SGLang's verify and commit then run for "
+                "such layers)",
+            )
         if reason is not None:
             _warn_fallback_once(reason)
             self.last_verify_used_plugin = False
@@ -226,6 +309,8 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
                 ring_g=cache.replayssm_g,
                 ring_beta=cache.replayssm_beta,
             )
+            if self.record_cursor is not None:
+                mode.update(record_cursor=self.record_cursor, ring_delta=delta_ring(cache))
         else:
             mode = dict(intermediate_ssm=cache.intermediate_ssm)
         out = mtp_verify(
@@ -239,7 +324,10 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             **mode,
         )
         self.last_verify_used_plugin = True
-        _log_kernel_first_use("mtp_verify (ring)" if "ring_rawv" in mode else "mtp_verify (snapshot)")
+        _log_kernel_first_use(
+            "mtp_verify (ring, lazy records)" if "record_cursor" in mode
+            else "mtp_verify (ring)" if "ring_rawv" in mode else "mtp_verify (snapshot)"
+        )
         return batch.to_packed(out)
 
 
@@ -255,14 +343,15 @@ class DSparkHybridLinearAttnBackend(HybridLinearAttnBackend):
         req_pool_indices=None,
     ):
         linear = self.linear_attn_backend
-        if commit_verified_states(
+        committed = commit_verified_states(
             linear,
             last_correct_step_indices,
             mamba_track_indices,
             mamba_steps_to_track,
             req_pool_indices,
-        ):
-            _log_kernel_first_use("replayssm_fold")
+        )
+        if committed is not None:
+            _log_kernel_first_use(committed)
         else:
             super().update_mamba_state_after_mtp_verify(
                 last_correct_step_indices,

@@ -27,6 +27,7 @@ FULL_ATTN_BACKEND_ENV = "SGLANG_DSPARK_FULL_ATTN_BACKEND"
 CPU_ENV = "SGLANG_DSPARK_CPU"
 PDL_ENV = "SGLANG_DSPARK_PDL"
 TINY_DIR_ENV = "SGLANG_DSPARK_TINY_DIR"
+LAZY_RECORDS_ENV = "SGLANG_DSPARK_LAZY_RECORDS"
 
 ENV_VARS = {
     FULL_ATTN_BACKEND_ENV: "stock SGLang backend for the MLA / full-attention layers (default: fa3 on "
@@ -36,6 +37,8 @@ ENV_VARS = {
     PDL_ENV: "0 = launch the kernels without programmatic dependent launch (sm_90+; default on)",
     TINY_DIR_ENV: "where harness/tiny_models.py writes the tiny test models (default: configs/ of a "
     "source checkout, else the user cache)",
+    LAZY_RECORDS_ENV: "0 = fold every commit under --enable-linear-replayssm-spec instead of the lazy record "
+    "ring (default on where it is safe: docs/lazy-flush.md)",
 }
 
 
@@ -52,6 +55,11 @@ def cpu_requested() -> bool:
 def pdl_enabled() -> bool:
     """``SGLANG_DSPARK_PDL`` is not ``0`` (programmatic dependent launch where the GPU has it)."""
     return os.environ.get(PDL_ENV, "1") != "0"
+
+
+def lazy_records_enabled() -> bool:
+    """``SGLANG_DSPARK_LAZY_RECORDS`` is not ``0`` (the lazy record ring where it is safe)."""
+    return os.environ.get(LAZY_RECORDS_ENV, "1") != "0"
 
 
 def tiny_dir() -> Optional[str]:

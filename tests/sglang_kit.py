@@ -116,6 +116,7 @@ class KDARunner(ModelRunner):
         device: str = "cpu",
         dtype: torch.dtype = torch.bfloat16,
         max_context_len: int = 64,
+        disable_radix_cache: bool = False,
     ):
         self.device = device
         self.dtype = dtype
@@ -135,6 +136,7 @@ class KDARunner(ModelRunner):
         self._server_args_override = get_context().override_server_args(
             attention_backend=backend,
             chunked_prefill_size=-1,
+            disable_radix_cache=disable_radix_cache,
             cuda_graph_config=CudaGraphConfig(
                 decode=PhaseConfig(backend=Backend.DISABLED),
                 prefill=PhaseConfig(backend=Backend.DISABLED),

@@ -74,7 +74,7 @@ class Setup:
     """One KDA layer on SGLang's pools, built through SGLang's construction chain."""
 
     def __init__(self, *, window: int, replayssm: bool, lower_bound=None, bias=False, backend="dspark", seed=0,
-                 dtype=DTYPE, decode_ring_len=None):
+                 dtype=DTYPE, decode_ring_len=None, disable_radix_cache=False):
         from sglang.srt.layers.attention import attention_registry
 
         torch.manual_seed(seed)
@@ -89,6 +89,7 @@ class Setup:
             decode_ring=decode_ring_len is not None,
             ring_len=decode_ring_len or 16,
             dtype=dtype,
+            disable_radix_cache=disable_radix_cache,
         )
         full = attention_registry.ATTENTION_BACKENDS[backend](self.runner)
         self.hybrid = attention_registry.attn_backend_wrapper(self.runner, full)
@@ -437,5 +438,94 @@ def test_buffered_decode_keeps_sglangs_ring_contract(dtype):
             # and the pool really holds a checkpoint: the pending tokens are only in the ring
             assert pending > 0 and rel_err(cache.temporal[0][slot], state_ref) > 1e-3
             assert rel_err(cache.conv[0][0][slot], conv_ref) <= tol["conv"]
+    finally:
+        setup.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_lazy_record_ring_through_sglang(dtype, caplog):
+    """--enable-linear-replayssm-spec where the lazy record ring is safe (here: radix cache off):
+    verify -> random accept -> the hybrid's commit, 8 cycles over SGLang's real pool, crossing
+    flushes, with a radix track snapshot every cycle. After each commit the slot's state carried
+    over its pending records, and the checkpoint alone ``cursor`` tokens back, match the float64
+    sequential run of the accepted tokens; the conv windows are current. bf16: the deltas are
+    kept as 16-bit halves in SGLang's bf16 replayssm_d / replayssm_k. An EXTEND resets the
+    batch's cursors (stream-ordered), and with the no_buffer radix cache the ring stays off."""
+    from sglang_dspark_plugin.commit import delta_ring
+    from sglang_dspark_plugin.kernels.record_ring import materialize_records
+
+    window, tol = 4, TOLERANCE[dtype]
+    with caplog.at_level(logging.INFO, logger="sglang_dspark_plugin"):
+        setup = Setup(window=window, replayssm=True, dtype=dtype, seed=3, disable_radix_cache=True)
+    try:
+        assert "lazy record ring on (ring length 16)" in caplog.text
+        cursor = setup.linear.record_cursor
+        assert cursor is setup.runner.req_to_token_pool.mamba_pool.replayssm_write_pos
+        L = setup.cache.replayssm_rawk.shape[-2]
+        rng = random.Random(5)
+        s0, c0 = setup.state()
+        truth = {s: [s0[s].double()] for s in setup.slots}  # eager state after every accepted token
+        conv = {s: c0[s].double() for s in setup.slots}
+        flushes = 0
+        for cycle in range(8):
+            mixed_qkv, a, b = setup.tokens(NUM_REQ * window)
+            before = cursor.clone()
+            out = setup.verify(mixed_qkv, a, b)
+            accept = [rng.randint(1, window) for _ in range(NUM_REQ)]
+            track_step = rng.randint(0, accept[0] - 1)
+            setup.hybrid.update_mamba_state_after_mtp_verify(
+                torch.tensor(accept) - 1, torch.tensor([POOL, 0, 0]), torch.tensor([track_step, -1, -1]), model=None)
+            for i, slot in enumerate(setup.slots):
+                flushes += int(before[slot]) + window > L
+                rows = list(range(i * window, (i + 1) * window))
+                x = mixed_qkv.view(1, -1, 3, H, 128).double()
+                ref_out, _, _ = sequential_ref(
+                    x[:, rows, 0], x[:, rows, 1], x[:, rows, 2], a.double().view(1, -1, H, 128)[:, rows],
+                    b.double()[:, rows], conv_weight=setup.layer.conv_weights, A_log=setup.layer.A_log,
+                    dt_bias=setup.layer.dt_bias, lower_bound=None, state=truth[slot][-1], window=conv[slot],
+                    act_dtype=dtype)
+                assert rel_err(out[0, rows], ref_out) <= tol["out"], cycle
+                win = conv[slot]
+                for t in rows[: accept[i]]:
+                    _, S, win = sequential_ref(
+                        x[:, [t], 0], x[:, [t], 1], x[:, [t], 2], a.double().view(1, -1, H, 128)[:, [t]],
+                        b.double()[:, [t]], conv_weight=setup.layer.conv_weights, A_log=setup.layer.A_log,
+                        dt_bias=setup.layer.dt_bias, lower_bound=None, state=truth[slot][-1], window=win,
+                        act_dtype=dtype)
+                    truth[slot].append(S)
+                conv[slot] = win
+                if i == 0:  # the track snapshot: the state after window step track_step
+                    assert rel_err(setup.cache.temporal[0, POOL], truth[slot][-accept[0] + track_step]) <= tol["state"]
+                    assert int(cursor[POOL]) == 0
+                assert rel_err(setup.cache.conv[0][0, slot], conv[slot]) <= tol["conv"], cycle
+                pending = int(cursor[slot])
+                assert 0 < pending <= L
+                assert rel_err(setup.cache.temporal[0, slot], truth[slot][-1 - pending]) <= tol["state"], cycle
+            now = setup.cache.temporal.clone()
+            slots = torch.tensor(setup.slots, dtype=torch.int32)
+            materialize_records(now, setup.cache.replayssm_rawk, setup.cache.replayssm_g, setup.cache.replayssm_beta,
+                                delta_ring(setup.cache), slots, cursor[slots.long()], slots)
+            for slot in setup.slots:
+                assert rel_err(now[0, slot], truth[slot][-1]) <= tol["state"], cycle
+        assert flushes >= 2, flushes
+        assert torch.equal(setup.cache.temporal[0, 0], s0[0])  # the padding slot: untouched
+
+        fb = make_forward_batch(setup.runner, ForwardMode.EXTEND, setup.rpi, [2] * NUM_REQ)
+        fb.extend_seq_lens = torch.tensor([2] * NUM_REQ, dtype=torch.int32)
+        fb.extend_seq_lens_cpu = [2] * NUM_REQ
+        fb.extend_start_loc = torch.tensor([0, 2, 4], dtype=torch.int32)
+        fb.extend_prefix_lens = torch.tensor([4] * NUM_REQ, dtype=torch.int32)
+        fb.extend_prefix_lens_cpu = [4] * NUM_REQ
+        setup.linear.init_forward_metadata(fb)  # the KDA half of the hybrid's metadata
+        assert all(int(cursor[s]) == 0 for s in setup.slots)  # a prefill starts the records afresh
+    finally:
+        setup.close()
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sglang_dspark_plugin"):
+        setup = Setup(window=window, replayssm=True, dtype=dtype, seed=3)
+    try:
+        assert setup.linear.record_cursor is None
+        assert "lazy record ring off: no_buffer radix cache" in caplog.text
     finally:
         setup.close()

@@ -162,5 +162,7 @@ def _load_delta(hi_ptr, lo_ptr, offs, mask, SPLIT: tl.constexpr):
     if SPLIT:
         hi = tl.load(hi_ptr + offs, mask=mask, other=0).to(tl.int32)
         lo = tl.load(lo_ptr + offs, mask=mask, other=0).to(tl.int32) & 0xFFFF
-        return ((hi << 16) | lo).to(tl.float32, bitcast=True)
-    return tl.load(hi_ptr + offs, mask=mask, other=0.0)
+        d = ((hi << 16) | lo).to(tl.float32, bitcast=True)
+    else:
+        d = tl.load(hi_ptr + offs, mask=mask, other=0.0)
+    return d

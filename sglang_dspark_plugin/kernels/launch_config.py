@@ -34,7 +34,7 @@ def _programs(N: int, H: int) -> int:
     return max(1, N) * max(1, H)
 
 
-def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
+def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None, lazy: bool = False) -> dict:
     """Ring-mode (ReplaySSM) verify: ``impl`` "chunked" (prep + streaming tl.dot kernels,
     mtp_verify_chunked.py) or "rows" (the recurrent kernel), with its tiles. ``impl`` given:
     that kernel's tiles (a forced "chunked" below the table's threshold takes the large-batch tiles).
@@ -45,7 +45,15 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None) -> dict:
     rows with 2 warps; up to 4 tokens the extra launch costs more than it saves. Prep: 32-channel
     chunks with one warp, 64 channels with two warps at 16-token windows of large batches. The
     H200 measurements behind each number: docs/benchmarks.md, "Launch table: the measurements
-    behind each choice"."""
+    behind each choice".
+
+    ``lazy`` (the lazy record ring): always the chunked kernels (the only ones that keep records);
+    the finished streaming kernel also holds the records' delta tile: with 2 warps it spills
+    (255 registers + 16 B stack at 8-token windows, ``benchmarks/sass_report.py --lazy``), with 4
+    it takes 137 registers."""
+    if lazy:
+        cfg = verify_ring(H, N, steps, "chunked")
+        return dict(cfg, num_warps=4) if cfg["finish"] else cfg
     if impl == "rows":
         return dict(impl="rows", **verify_rows(H, N, steps))
     finish = steps > 4

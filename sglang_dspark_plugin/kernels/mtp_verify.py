@@ -317,12 +317,10 @@ def mtp_verify(
         intermediate_ssm=intermediate_ssm, rings=(ring_rawv, ring_rawk, ring_g, ring_beta), scale=scale, out=out,
         record_cursor=record_cursor, ring_delta=ring_delta,
     )
-    if checked.delta is not None and impl is None:
-        impl = "chunked"  # the lazy record ring is built into the chunked kernels only
     plan = plan_mtp_verify(
         checked.H, checked.N, checked.steps, ring=checked.ring, impl=impl, block_v=block_v, num_warps=num_warps,
         block_k=block_k, num_stages=num_stages, dot_precision=dot_precision, prep_block_k=prep_block_k,
-        prep_num_warps=prep_num_warps, finish=finish,
+        prep_num_warps=prep_num_warps, finish=finish, lazy=checked.delta is not None,
     )
     if out is None:
         out = torch.empty((1, checked.T, checked.H, HEAD_DIM), dtype=checked.act, device=q.device)
@@ -447,13 +445,17 @@ def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[st
                     block_v: Optional[int] = None, num_warps: Optional[int] = None, block_k: Optional[int] = None,
                     num_stages: Optional[int] = None, dot_precision: Optional[str] = None,
                     prep_block_k: Optional[int] = None, prep_num_warps: Optional[int] = None,
-                    finish: Optional[bool] = None) -> VerifyPlan:
+                    finish: Optional[bool] = None, lazy: bool = False) -> VerifyPlan:
     """The launch plan of :func:`mtp_verify` for ``H`` heads, ``N`` requests and ``steps`` = 1 + num_spec
     tokens per request: the launch table's choice (:mod:`.launch_config`), with the knobs the caller
-    set (same meaning as in :func:`mtp_verify`) taking precedence. Raises E121-E123 for bad knobs."""
+    set (same meaning as in :func:`mtp_verify`) taking precedence. Raises E121-E123 for bad knobs.
+    ``lazy``: the lazy record ring (``record_cursor`` given), which only the chunked kernels keep."""
     V.check_impl(impl, (None, "auto", "chunked", "rows"))
+    if lazy and impl == "rows":
+        raise V.dspark_error(V.E_IMPL, "impl", expected="chunked or None (the lazy record ring's only kernels)",
+                             got="impl = 'rows'", fix="leave impl=None with record_cursor")
     # snapshot mode always runs the recurrent kernel: the chunked form computes outputs only
-    cfg = (LC.verify_ring(H, N, steps, None if impl == "auto" else impl) if ring
+    cfg = (LC.verify_ring(H, N, steps, None if impl == "auto" else impl, lazy=lazy) if ring
            else dict(impl="rows", **LC.verify_rows(H, N, steps)))
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
     warps = num_warps or cfg["num_warps"]
@@ -477,9 +479,6 @@ def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, s
             cu_seqlens, intermediate_conv, intermediate_rows, intermediate_ssm, rings, record_cursor=None) -> None:
     """Launch the planned kernel(s) on validated arguments."""
     dev = q.device
-    if c.delta is not None and plan.impl != "chunked":
-        raise V.dspark_error(V.E_IMPL, "impl", expected="chunked (the lazy record ring's only kernel)",
-                             got=f"impl = {plan.impl!r}", fix="leave impl=None with record_cursor")
     if plan.impl == "chunked":
         ring_rawv, ring_rawk, ring_g, ring_beta = rings
         launch_verify_ring_chunked(
