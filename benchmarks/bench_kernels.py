@@ -55,6 +55,8 @@ from triton.testing import do_bench  # noqa: E402
 from kda_testutil import F64, make_problem, rel_err  # noqa: E402
 
 from sglang_dspark_plugin.kernels import decode, mtp_verify, replayssm_fold  # noqa: E402
+from sglang_dspark_plugin.kernels.conv_window import copy_conv_windows  # noqa: E402
+from sglang_dspark_plugin.kernels.record_ring import commit_records  # noqa: E402
 from sglang_dspark_plugin.kernels import reference as R  # noqa: E402
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -251,6 +253,7 @@ class Upstream:
 # ----------------------------------------------------------------------------------------------
 
 DECODE_RING = 16  # SGLang's --linear-replayssm-cache-len of the served decode ring (gpu-serving.md)
+SPEC_STEPS = 4  # whole speculative steps are timed over SPEC_STEPS * T consecutive steps per slot set
 
 
 def make_pool(H, N, T, R, snapshot, seed=0, decode_ring=False):
@@ -283,6 +286,19 @@ def make_pool(H, N, T, R, snapshot, seed=0, decode_ring=False):
         pool["icw_u"] = torch.zeros(rows, steps, 3, D, device=DEV, dtype=BF16).transpose(-1, -2)
         pool["icw_f"] = torch.zeros(rows, steps, D, 3, device=DEV, dtype=BF16)
         pool["issm"] = (torch.empty(rows, steps, H, HEAD, HEAD, device=DEV, dtype=FP32) if snapshot else None)
+        # the lazy record ring at two ring lengths (2 and 4 windows): records, deltas as bf16
+        # halves (SGLang's replayssm_d / replayssm_k), a cursor per slot; rawv is never written
+        pool["lazy"] = []
+        for mult in (2, 4):
+            Ll = max(2, triton.next_power_of_2(mult * steps))
+            pool["lazy"].append(dict(
+                L=Ll, rv=torch.zeros(1, 1, 1, HEAD, device=DEV, dtype=BF16).expand(slots, H, Ll, HEAD),
+                rk=torch.zeros(slots, H, Ll, HEAD, device=DEV, dtype=BF16),
+                rg=torch.zeros(slots, H, Ll, HEAD, device=DEV, dtype=FP32),
+                rb=torch.zeros(slots, H, Ll, device=DEV, dtype=FP32),
+                hi=torch.zeros(slots, H, Ll, HEAD, device=DEV, dtype=BF16),
+                lo=torch.zeros(slots, H, Ll, HEAD, device=DEV, dtype=BF16),
+                cursor=torch.zeros(slots, device=DEV, dtype=torch.int32)))
     if decode_ring:  # SGLang's decode ring (--enable-linear-replayssm): d / k / g rows, fp32
         for name in ("dr_d", "dr_k", "dr_g"):
             pool[name] = torch.zeros(slots, H, DECODE_RING, HEAD, device=DEV, dtype=FP32)
@@ -298,6 +314,9 @@ def make_pool(H, N, T, R, snapshot, seed=0, decode_ring=False):
         inst["rows"] = torch.arange(r * N, (r + 1) * N, device=DEV, dtype=torch.int32)
         inst["cu"] = torch.arange(0, ntok + 1, T, device=DEV, dtype=torch.int32)
         inst["acc"] = torch.randint(1, T + 1, (N,), generator=g, dtype=torch.int32).to(DEV)
+        # accept lengths of SPEC_STEPS consecutive speculative steps (uniform in 1..T)
+        inst["acc_steps"] = [torch.randint(1, T + 1, (N,), generator=g, dtype=torch.int32).to(DEV)
+                             for _ in range(SPEC_STEPS * T)] if T > 1 else []
         inst["out"] = torch.empty(1, ntok, H, HEAD, device=DEV, dtype=BF16)
         inst["out_u"] = torch.empty(N, 1, H, HEAD, device=DEV, dtype=BF16)
         insts.append(inst)
@@ -328,6 +347,27 @@ def ours_fold(inst, pool, conv, cfg):
     kw = dict(conv_state=pool["conv"], intermediate_conv=pool["icw"], intermediate_rows=inst["rows"]) if conv else {}
     return replayssm_fold(pool["state"], pool["rv"], pool["rk"], pool["rg"], pool["rb"], inst["slots"], inst["acc"],
                           **kw, **cfg)
+
+
+def ours_step_eager(inst, pool, T, acc):
+    """One speculative step of the fold-every-commit ring: verify, then fold + conv roll."""
+    ours_verify(inst, pool, T, True, {})
+    replayssm_fold(pool["state"], pool["rv"], pool["rk"], pool["rg"], pool["rb"], inst["slots"], acc,
+                   conv_state=pool["conv"], intermediate_conv=pool["icw"], intermediate_rows=inst["rows"])
+
+
+def ours_step_lazy(inst, pool, T, lz, acc):
+    """One speculative step of the lazy record ring: verify (rebuild, maybe flush, records), then
+    the commit: cursor advance + conv roll."""
+    H = pool["H"]
+    mtp_verify(*acts(inst, H), conv_weight=pool["w"], A_log=pool["A_log"], dt_bias=pool["dt_bias"],
+               lower_bound=pool["lb"], ssm_state=pool["state"], conv_state=pool["conv"],
+               slot_indices=inst["slots"], cu_seqlens=inst["cu"], num_spec=T - 1,
+               intermediate_conv=pool["icw"], intermediate_rows=inst["rows"], out=inst["out"],
+               ring_rawv=lz["rv"], ring_rawk=lz["rk"], ring_g=lz["rg"], ring_beta=lz["rb"],
+               record_cursor=lz["cursor"], ring_delta=(lz["hi"], lz["lo"]))
+    commit_records(lz["cursor"], inst["slots"], acc, steps=T, ring_len=lz["L"])
+    copy_conv_windows(pool["conv"][None], pool["icw"][None], inst["slots"], inst["rows"], acc - 1)
 
 
 def ours_decode(inst, pool, cfg):
@@ -693,6 +733,25 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
             name = upn + ("_ring" if ring else "_snapshot")
             out.append((name, "sglang", None, [lambda i=i, f=fn, r=ring: f(i, pool, T, r) for i in insts],
                         None if ok(name, T) else "check failed"))
+    # whole speculative steps (verify + commit) over SPEC_STEPS * T consecutive steps with accept
+    # lengths uniform in 1..T (>= 2 ring lengths of tokens at both lazy ring lengths: flushes paid)
+    steps_of = [(i, a_) for a_i in range(SPEC_STEPS * T) for i in insts for a_ in [i["acc_steps"][a_i]]]
+    ver_ok = ok("verify_ring", T) and ok("verify_ring_chunked", T) and ok("fold", T)
+    out.append(("step_eager", "ours", None, [lambda i=i, a_=a_: ours_step_eager(i, pool, T, a_) for i, a_ in steps_of],
+                None if ver_ok else "check failed"))
+    for lz in pool["lazy"]:
+        out.append((f"step_lazy_L{lz['L']}", "ours", None,
+                    [lambda i=i, a_=a_, lz=lz: ours_step_lazy(i, pool, T, lz, a_) for i, a_ in steps_of],
+                    None if ver_ok else "check failed"))
+    if up.has("fold") and (up.has("fused_verify") or up.has("conv", "recurrent")):
+        upv = up.verify_fused if up.has("fused_verify") else up.verify_unfused
+        name = "up_verify_fused_ring" if up.has("fused_verify") else "up_verify_unfused_ring"
+
+        def up_step(i, a_):
+            upv(i, pool, T, True)
+            up.fold(dict(i, acc=a_), pool)
+        out.append(("up_step", "sglang", None, [lambda i=i, a_=a_: up_step(i, a_) for i, a_ in steps_of],
+                    None if ok(name, T) and ok("up_fold", T) else "check failed"))
     fold_ok = ok("fold", T)
     for cfg in configs.get("fold", [{}]):
         out.append(("fold", "ours", cfg, [lambda i=i, c=cfg: ours_fold(i, pool, False, c) for i in insts],
@@ -1024,12 +1083,42 @@ def make_table(rows, bw, Hs, Ns, Ts):
                               f"{uf['us']:.1f}" if uf else "-",
                               f"{us_['us']:.1f}" + (" (fused)" if us_ and "_fused_" in us_["kernel"] else "") if us_ else "-",
                               "-"])
+    text, md = _render(hdr, lines)
+    # whole speculative steps: verify + commit, ours fold-every-commit vs the lazy record ring
+    # (two ring lengths) vs upstream (its verify + fold; its conv roll is a separate launch not timed)
+    shdr = ["H", "N", "T", "eager step µs", "lazy L=2T µs (×eager, ×up)", "lazy L=4T µs (×eager, ×up)", "up step µs"]
+    slines = []
+    for H in Hs:
+        for T in Ts:
+            for N in Ns:
+                e = best(rows, H, N, T, ["step_eager"])
+                lz = [r for r in rows if (r["H"], r["N"], r["T"]) == (H, N, T) and r["kernel"].startswith("step_lazy")
+                      and r["us"] is not None]
+                u = best(rows, H, N, T, ["up_step"])
+                if e is None and not lz:
+                    continue
+                cells = []
+                for r in sorted(lz, key=lambda r: int(r["kernel"].split("_L")[1]))[:2]:
+                    c = f"{r['us']:.1f} (L={r['kernel'].split('_L')[1]}"
+                    c += f", {e['us'] / r['us']:.2f}x" if e else ""
+                    c += f", {u['us'] / r['us']:.2f}x" if u else ""
+                    cells.append(c + ")")
+                cells += ["-"] * (2 - len(cells))
+                slines.append([H, N, T, f"{e['us']:.1f}" if e else "-", *cells, f"{u['us']:.1f}" if u else "-"])
+    if slines:
+        t2, m2 = _render(shdr, slines)
+        text += "\n\nspeculative step (verify + commit)\n" + t2
+        md += "\n**Speculative step (verify + commit)**\n\n" + m2
+    return dict(text=text, md=md)
+
+
+def _render(hdr, lines):
     widths = [max(len(str(x)) for x in col) for col in zip(hdr, *lines)] if lines else [len(h) for h in hdr]
     text = "  ".join(h.ljust(w) for h, w in zip(hdr, widths)) + "\n"
     text += "\n".join("  ".join(str(x).ljust(w) for x, w in zip(ln, widths)) for ln in lines)
     md = "| " + " | ".join(hdr) + " |\n|" + "---|" * len(hdr) + "\n"
     md += "\n".join("| " + " | ".join(str(x) for x in ln) + " |" for ln in lines) + "\n"
-    return dict(text=text, md=md)
+    return text, md
 
 
 def sweep_configs():

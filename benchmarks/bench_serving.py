@@ -8,7 +8,8 @@ Configurations (``CONFIGS``), every one with CUDA graphs for every batch size it
 overlap scheduler and the same draft: ``stock`` (SGLang's own backend, no speculation),
 ``stock-dspark`` (SGLang's KDA verify path, snapshot commit), ``stock-dspark-replayssm``,
 ``dspark`` (our backend, plain decode), ``dspark-dspark`` (our verify, snapshot commit),
-``dspark-dspark-replayssm`` (our verify + ReplaySSM fold), and plain decode through SGLang's decode
+``dspark-dspark-replayssm`` (our verify with the lazy record ring: no fold per commit),
+``dspark-dspark-replayssm-eager`` (our verify + ReplaySSM fold every commit), and plain decode through SGLang's decode
 ring (``--enable-linear-replayssm``, which needs the no_buffer radix strategy and no overlap
 scheduler): ``stock-ring`` (SGLang's buffered decode), ``dspark-ring`` (ours).
 
@@ -71,6 +72,7 @@ class Config:
     speculative: bool
     replayssm: bool = False
     decode_ring: bool = False
+    env: tuple = ()  # (name, value) pairs for the server's environment
 
 
 CONFIGS = [
@@ -79,7 +81,8 @@ CONFIGS = [
     Config("stock-dspark-replayssm", "stock", True, True),
     Config("dspark", "dspark", False),
     Config("dspark-dspark", "dspark", True),
-    Config("dspark-dspark-replayssm", "dspark", True, True),
+    Config("dspark-dspark-replayssm", "dspark", True, True),  # the lazy record ring where it is safe (extra_buffer)
+    Config("dspark-dspark-replayssm-eager", "dspark", True, True, env=(("SGLANG_DSPARK_LAZY_RECORDS", "0"),)),
     # plain decode through SGLang's decode ring (--enable-linear-replayssm; no_buffer radix, no overlap)
     Config("stock-ring", "stock", False, decode_ring=True),
     Config("dspark-ring", "dspark", False, decode_ring=True),
@@ -252,7 +255,7 @@ def start_all(configs: List[Config], args) -> Dict[str, dict]:
     def start(cfg: Config) -> None:
         run = runs[cfg.name]
         server = SGLangServer(server_args(cfg, args), log_path=os.path.join(args.log_dir, f"{cfg.name}.log"),
-                              name=cfg.name, startup_timeout=1200, progress_every=60)  # fmt: skip
+                              name=cfg.name, startup_timeout=1200, progress_every=60, env=dict(cfg.env))  # fmt: skip
         try:
             server.start()
             run["server"], run["startup_s"] = server, server.startup_seconds

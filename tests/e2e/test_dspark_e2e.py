@@ -92,12 +92,13 @@ class SpecConfig:
     sps_table: bool = False  # --speculative-dspark-sps-table-path: compact picks short windows
     bad_input: bool = False
     decode_ring: bool = False  # --enable-linear-replayssm (plain decode through SGLang's decode ring)
+    lazy: bool = False  # the lazy record ring (replayssm with --disable-radix-cache: where it is safe on CPU)
 
     def args(self):
-        extra = []
+        extra = ["--disable-radix-cache"] if self.lazy else []
         if self.sps_table:
             table = default_out_dir() / DRAFT_DIR / SPS_TABLE_FILE
-            extra = ["--speculative-dspark-sps-table-path", str(table)]
+            extra += ["--speculative-dspark-sps-table-path", str(table)]
         if self.decode_ring:  # L = 4: a flush every 4th token, two dozen per request
             extra = ["--enable-linear-replayssm", "--linear-replayssm-cache-len", "4"]
         return tiny_model_args(self.gamma, attention_backend="dspark", replayssm=self.replayssm, extra=extra)
@@ -109,6 +110,8 @@ class SpecConfig:
         """The plugin kernels this configuration must run (their first-use log lines)."""
         if self.gamma is None:
             return ["decode (buffered)"] if self.decode_ring else ["decode"]
+        if self.lazy:
+            return ["mtp_verify (ring, lazy records)", "lazy records commit"]
         return ["mtp_verify (ring)", "replayssm_fold"] if self.replayssm else ["mtp_verify (snapshot)"]
 
     def skip_reason(self) -> Optional[str]:
@@ -125,10 +128,11 @@ CONFIGS = [
     SpecConfig("g3-static", gamma=3, replayssm=False, bad_input=True),
     SpecConfig("g1-static", gamma=1, replayssm=False),
     SpecConfig("g3-static-replayssm", gamma=3, replayssm=True),
-    SpecConfig("g1-static-replayssm", gamma=1, replayssm=True),
+    # the lazy record ring (no fold per commit): on where it is safe, here with the radix cache off
+    SpecConfig("g1-static-lazy", gamma=1, replayssm=True, lazy=True),
     # compact = per-request ragged verify windows chosen by the confidence scheduler (needs the
     # draft's confidence head, which the tiny draft has).
-    SpecConfig("g3-compact-replayssm", gamma=3, replayssm=True, ragged_mode="compact"),
+    SpecConfig("g3-compact-lazy", gamma=3, replayssm=True, ragged_mode="compact", lazy=True),
     SpecConfig("g3-compact", gamma=3, replayssm=False, ragged_mode="compact"),
     # compact with real ragged windows (shorter than gamma+1), chosen from an SPS cost table.
     SpecConfig("g3-compact-ragged-replayssm", gamma=3, replayssm=True, ragged_mode="compact", sps_table=True),

@@ -79,6 +79,7 @@ class Served:
     ragged: str = "static"  # SGLANG_RAGGED_VERIFY_MODE
     sps_table: bool = False  # compact scheduler picks windows shorter than gamma + 1
     decode_ring: bool = False  # --enable-linear-replayssm: plain decode through SGLang's decode ring
+    eager_commit: bool = False  # SGLANG_DSPARK_LAZY_RECORDS=0: fold every commit (else the lazy record ring)
 
     @property
     def id(self) -> str:
@@ -118,13 +119,24 @@ class Served:
         )
 
     def env(self) -> Dict[str, str]:
-        return {"SGLANG_RAGGED_VERIFY_MODE": self.ragged} if self.gamma else {}
+        env = {"SGLANG_RAGGED_VERIFY_MODE": self.ragged} if self.gamma else {}
+        if self.eager_commit:
+            env["SGLANG_DSPARK_LAZY_RECORDS"] = "0"
+        return env
+
+    @property
+    def lazy(self) -> bool:
+        """The lazy record ring runs: ReplaySSM with the default extra_buffer radix cache (the CPU
+        dry run's no_buffer radix cache keeps it off), unless switched off."""
+        return self.replayssm and not self.eager_commit and not ON_CPU
 
     def expected_kernels(self) -> List[str]:
         if self.backend != "dspark":
             return []
         if self.gamma is None:
             return ["decode (buffered)"] if self.decode_ring else ["decode"]
+        if self.lazy:
+            return ["mtp_verify (ring, lazy records)", "lazy records commit"]
         if self.replayssm:
             return ["mtp_verify (ring)", "replayssm_fold"]
         return ["mtp_verify (snapshot)"]
@@ -145,6 +157,8 @@ def configs(model: str) -> List[Served]:
                     Served(model, f"dspark-g{gamma}-{commit}-compact", "dspark", gamma, replayssm,
                            ragged="compact", sps_table=True)
                 )  # fmt: skip
+    if not ON_CPU:  # the fold-every-commit ring, next to the lazy record ring of the others
+        out.append(Served(model, "dspark-g3-replayssm-eager-static", "dspark", 3, True, eager_commit=True))
     if ON_CPU:  # dry run: one speculative configuration is enough
         out = out[:2] + out[3:4]
     return out
