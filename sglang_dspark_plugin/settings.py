@@ -20,6 +20,9 @@ import torch
 HEAD_DIM = 128  # K = V = 128 per KDA head (Kimi-Linear, Kimi-K3)
 CONV_WIDTH = 4  # short conv of q/k/v: 3 previous inputs + the current one
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)  # q/k/v/a/b, conv state, rings; the state is fp32
+# The lazy record ring runs for verify windows up to this many tokens (1 + gamma): above, its
+# verify cost more than it saved on the H200 (docs/lazy-flush.md, 2026-12-02)
+LAZY_RECORDS_MAX_WINDOW = 4
 
 # --- environment variables --------------------------------------------------------------------
 

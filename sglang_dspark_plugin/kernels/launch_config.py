@@ -47,13 +47,11 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None, lazy: bo
     H200 measurements behind each number: docs/benchmarks.md, "Launch table: the measurements
     behind each choice".
 
-    ``lazy`` (the lazy record ring): always the chunked kernels (the only ones that keep records);
-    the finished streaming kernel also holds the records' delta tile: with 2 warps it spills
-    (255 registers + 16 B stack at 8-token windows, ``benchmarks/sass_report.py --lazy``), with 4
-    it takes 137 registers."""
+    ``lazy`` (the lazy record ring): always the chunked kernels (the only ones that keep records),
+    with the same tiles (H200, H=32, N=64, 8- and 16-token windows: 64 rows x 2 warps measured
+    fastest of eight tiles, docs/lazy-flush.md)."""
     if lazy:
-        cfg = verify_ring(H, N, steps, "chunked")
-        return dict(cfg, num_warps=4) if cfg["finish"] else cfg
+        return verify_ring(H, N, steps, "chunked")
     if impl == "rows":
         return dict(impl="rows", **verify_rows(H, N, steps))
     finish = steps > 4

@@ -115,6 +115,17 @@ def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr):
 
 
 @triton.jit
+def _window_operand(ws_rows, offs_c, offs_r, TP: tl.constexpr, ALL_ROWS: tl.constexpr):
+    """The streaming kernel's window operand rows for channels ``offs_c`` (``[ROWS, BK]``): all
+    rows, or (``ALL_ROWS`` False: ``W`` padded to 16 rows) rows past ``TP`` zero."""
+    if ALL_ROWS:
+        wt = tl.load(ws_rows + offs_c[None, :])
+    else:
+        wt = tl.load(ws_rows + offs_c[None, :], mask=(offs_r < TP)[:, None], other=0.0)
+    return wt
+
+
+@triton.jit
 def _unit_lower_inverse_rows(Nm, TP: tl.constexpr):
     """``(I + Nm)^-1`` for a strictly lower-triangular ``Nm [TP, TP]`` by forward substitution
     (row t = e_t - sum_{s<t} Nm[t, s] row s): no tl.dot, so any TP >= 2 works."""
@@ -378,10 +389,12 @@ def _verify_stream_kernel(
     at 4-token windows; 74.9 / 170.1 / 242.3 us against 76.6 / 142.5 / 219.6 at H=32, N=64).
 
     ``LAZY`` (lazy record ring): the state the window starts from is the checkpoint carried over
-    the slot's ``p`` pending records, rebuilt per K-chunk by one more product
-    (``S = S0 o e^{G_p} + D^T Kc`` with the records' deltas ``D`` and the prep's carried keys ``Kc``)
-    and written back to the checkpoint when the window flushes (the only state write); the state
-    product also gives ``S Kg^T`` (with ``FINISHED``: ``[W ; Kg]`` stacked, 2TP rows), from which the
+    the slot's ``p`` pending records, ``S = S0 o e^{G_p} + D^T Kc`` (the records' deltas ``D``, the
+    prep's carried keys ``Kc``); its product with the window operand ``X`` is taken as
+    ``S0 (e^{G_p} o X)^T + D^T (Kc X^T)`` (two small extra products instead of forming ``S``:
+    forming it in every window cost 30-180 us more at H=32, N=64 on the H200). A flushing window
+    forms ``S`` per K-chunk in its state loop instead, writes it back to the checkpoint (the only
+    state write) and takes the window's product with it. The state product also gives ``S Kg^T`` (with ``FINISHED``: ``[W ; Kg]`` stacked, 2TP rows), from which the
     window's corrected deltas ``U = Z Tm^T`` (``Z = V^T - S Kg^T diag(rk)``) go to the delta ring at
     rows ``base + t``. No rawv ring is written."""
     _pdl_enter(USE_PDL)
@@ -420,26 +433,45 @@ def _verify_stream_kernel(
         if LAZY:
             p, flush, base = _lazy_cursor(cur_ptr, slot, ring_len, STEPS)
             offs_l = tl.arange(0, LP)
-            pend = offs_l < p
             rd_off = slot * s_rd_slot + h64 * s_rd_h
-            D = _load_delta(rd_hi_ptr, rd_lo_ptr, rd_off + offs_l[:, None] * s_rd_t + offs_v[None, :], pend[:, None],
-                            SPLIT_D)  # [LP, BV]
+            d_rows = rd_off + offs_l[:, None] * s_rd_t + offs_v[None, :]  # the records' deltas [LP, BV]
             wr_rows = wr_ptr + nh * (LP * KD) + offs_l[:, None] * KD
+            pend = offs_l < p
         acc = tl.zeros([BV, ROWS], dtype=tl.float32)
-        for c in range(0, KD, BK):
-            offs_c = c + tl.arange(0, BK)
-            S0 = tl.load(s_tile + offs_c[None, :])
-            if LAZY:  # the current state: the checkpoint carried over the pending records
-                S0 = S0 * tl.load(wc_ptr + nh * KD + offs_c)[None, :]
-                kc = tl.load(wr_rows + offs_c[None, :], mask=pend[:, None], other=0.0)
-                S0 = tl.dot(tl.trans(D), kc, S0, input_precision=DOT_PREC)
-                if flush:
+        if LAZY:
+            if flush:
+                # The window does not fit behind the records: form the current state
+                # S = S0 o e^{G_p} + D^T Kc chunk by chunk, write it back to the checkpoint (the
+                # only state write) and take the window's product with it.
+                D = _load_delta(rd_hi_ptr, rd_lo_ptr, d_rows, pend[:, None], SPLIT_D)
+                for c in range(0, KD, BK):
+                    offs_c = c + tl.arange(0, BK)
+                    S0 = tl.load(s_tile + offs_c[None, :]) * tl.load(wc_ptr + nh * KD + offs_c)[None, :]
+                    kc = tl.load(wr_rows + offs_c[None, :], mask=pend[:, None], other=0.0)
+                    S0 = tl.dot(tl.trans(D), kc, S0, input_precision=DOT_PREC)
                     tl.store(s_tile + offs_c[None, :], S0)
-            if SPLIT_ACC:
-                wt = tl.load(ws_rows + offs_c[None, :])
-            else:  # rows of W past TP are the padding
-                wt = tl.load(ws_rows + offs_c[None, :], mask=(offs_r < TP)[:, None], other=0.0)
-            acc = tl.dot(S0, tl.trans(wt), acc, input_precision=DOT_PREC)
+                    acc = tl.dot(S0, tl.trans(_window_operand(ws_rows, offs_c, offs_r, TP, SPLIT_ACC)), acc,
+                                 input_precision=DOT_PREC)
+            else:
+                # Without a flush S is not formed: S X^T = S0 (e^{G_p} o X)^T + D^T (Kc X^T), and
+                # Kc X^T is a [LP, ROWS] sum over the chunks.
+                kx = tl.zeros([LP, ROWS], dtype=tl.float32)
+                for c in range(0, KD, BK):
+                    offs_c = c + tl.arange(0, BK)
+                    S0 = tl.load(s_tile + offs_c[None, :])
+                    wt = _window_operand(ws_rows, offs_c, offs_r, TP, SPLIT_ACC)
+                    kc = tl.load(wr_rows + offs_c[None, :], mask=pend[:, None], other=0.0)
+                    kx = tl.dot(kc, tl.trans(wt), kx, input_precision=DOT_PREC)
+                    acc = tl.dot(S0, tl.trans(wt * tl.load(wc_ptr + nh * KD + offs_c)[None, :]), acc,
+                                 input_precision=DOT_PREC)
+                D = _load_delta(rd_hi_ptr, rd_lo_ptr, d_rows, pend[:, None], SPLIT_D)
+                acc = tl.dot(tl.trans(D), kx, acc, input_precision=DOT_PREC)
+        else:
+            for c in range(0, KD, BK):
+                offs_c = c + tl.arange(0, BK)
+                S0 = tl.load(s_tile + offs_c[None, :])
+                acc = tl.dot(S0, tl.trans(_window_operand(ws_rows, offs_c, offs_r, TP, SPLIT_ACC)), acc,
+                             input_precision=DOT_PREC)
         if not FINISHED:
             rb_row = wb_ptr + nh * TP + offs_t if LAZY else rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t
             P, rq, rk, Tm = _window_coupling(wp_ptr, wss_ptr, rb_row, n, h, H, scale, live, offs_t, TP, NC)

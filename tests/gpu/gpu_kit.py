@@ -34,7 +34,7 @@ import torch
 
 from sglang_dspark_plugin.harness import tiny_models
 from sglang_dspark_plugin.harness.serving import SGLangServer, tiny_model_args
-from sglang_dspark_plugin.settings import gpu_available
+from sglang_dspark_plugin.settings import LAZY_RECORDS_MAX_WINDOW, gpu_available
 
 # Harness dry run without a GPU (the tiny model only, small workload): checks this kit, not the GPU.
 ON_CPU = not gpu_available()
@@ -127,8 +127,10 @@ class Served:
     @property
     def lazy(self) -> bool:
         """The lazy record ring runs: ReplaySSM with the default extra_buffer radix cache (the CPU
-        dry run's no_buffer radix cache keeps it off), unless switched off."""
-        return self.replayssm and not self.eager_commit and not ON_CPU
+        dry run's no_buffer radix cache keeps it off) and windows up to LAZY_RECORDS_MAX_WINDOW,
+        unless switched off."""
+        return (self.replayssm and not self.eager_commit and not ON_CPU
+                and self.gamma + 1 <= LAZY_RECORDS_MAX_WINDOW)
 
     def expected_kernels(self) -> List[str]:
         if self.backend != "dspark":
