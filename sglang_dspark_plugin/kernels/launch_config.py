@@ -48,10 +48,13 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None, lazy: bo
     behind each choice".
 
     ``lazy`` (the lazy record ring): always the chunked kernels (the only ones that keep records),
-    with the same tiles (H200, H=32, N=64, 8- and 16-token windows: 64 rows x 2 warps measured
-    fastest of eight tiles, docs/lazy-flush.md)."""
+    with the same tiles, except 4 warps for the finished streaming kernel (windows of 5+ tokens):
+    with its 16-wide epilogue products it spills with 2 (``benchmarks/sass_report.py --lazy``:
+    255 registers + 48 B stack at 8-token windows; 163 registers with 4). Not yet timed on a GPU
+    (docs/lazy-flush.md); such windows keep the lazy ring off by default."""
     if lazy:
-        return verify_ring(H, N, steps, "chunked")
+        cfg = verify_ring(H, N, steps, "chunked")
+        return dict(cfg, num_warps=4) if cfg["finish"] else cfg
     if impl == "rows":
         return dict(impl="rows", **verify_rows(H, N, steps))
     finish = steps > 4

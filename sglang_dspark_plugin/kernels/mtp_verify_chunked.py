@@ -115,13 +115,13 @@ def _pair_sums(yq, yk, hi, lo, m_live, TP: tl.constexpr):
 
 
 @triton.jit
-def _window_operand(ws_rows, offs_c, offs_r, TP: tl.constexpr, ALL_ROWS: tl.constexpr):
+def _window_operand(ws_rows, offs_c, row_ok, ALL_ROWS: tl.constexpr):
     """The streaming kernel's window operand rows for channels ``offs_c`` (``[ROWS, BK]``): all
-    rows, or (``ALL_ROWS`` False: ``W`` padded to 16 rows) rows past ``TP`` zero."""
+    rows, or (``ALL_ROWS`` False: padded to 16-row halves) zero where not ``row_ok``."""
     if ALL_ROWS:
         wt = tl.load(ws_rows + offs_c[None, :])
     else:
-        wt = tl.load(ws_rows + offs_c[None, :], mask=(offs_r < TP)[:, None], other=0.0)
+        wt = tl.load(ws_rows + offs_c[None, :], mask=row_ok[:, None], other=0.0)
     return wt
 
 
@@ -403,8 +403,8 @@ def _verify_stream_kernel(
     h = tl.program_id(2)
     KD: tl.constexpr = 128
     SPLIT_ACC: tl.constexpr = LAZY or not FINISHED  # the product has [q or W ; k] rows, split after
-    TW: tl.constexpr = TP if SPLIT_ACC else max(TP, 16)  # window rows of this kernel's tiles
-    ROWS: tl.constexpr = 2 * TP if SPLIT_ACC else TW  # rows of the state product's operand
+    TW: tl.constexpr = max(TP, 16) if FINISHED else TP  # window rows of this kernel's tiles
+    ROWS: tl.constexpr = 2 * TW if SPLIT_ACC else TW  # rows of the state product's operand
     offs_v = iv * BV + tl.arange(0, BV)
     offs_t = tl.arange(0, TW)
     out_ty = out_ptr.dtype.element_ty
@@ -429,7 +429,10 @@ def _verify_stream_kernel(
         nh = (n * H + h).to(tl.int64)
         s_tile = ssm_ptr + slot * s_ssm_slot + h64 * (KD * KD) + offs_v[:, None] * KD
         offs_r = tl.arange(0, ROWS)
-        ws_rows = ws_ptr + nh * (2 * TP * KD) + offs_r[:, None] * KD
+        # operand row r: W (or q o e^G) row r for r < TW, k o e^G row r - TW after; rows past TP
+        # of each half are the padding to TW (finished windows: 16-wide products)
+        ws_rows = ws_ptr + nh * (2 * TP * KD) + tl.where(offs_r < TW, offs_r, TP + offs_r - TW)[:, None] * KD
+        row_ok = (offs_r % TW) < TP
         if LAZY:
             p, flush, base = _lazy_cursor(cur_ptr, slot, ring_len, STEPS)
             offs_l = tl.arange(0, LP)
@@ -450,7 +453,7 @@ def _verify_stream_kernel(
                     kc = tl.load(wr_rows + offs_c[None, :], mask=pend[:, None], other=0.0)
                     S0 = tl.dot(tl.trans(D), kc, S0, input_precision=DOT_PREC)
                     tl.store(s_tile + offs_c[None, :], S0)
-                    acc = tl.dot(S0, tl.trans(_window_operand(ws_rows, offs_c, offs_r, TP, SPLIT_ACC)), acc,
+                    acc = tl.dot(S0, tl.trans(_window_operand(ws_rows, offs_c, row_ok, TW == TP)), acc,
                                  input_precision=DOT_PREC)
             else:
                 # Without a flush S is not formed: S X^T = S0 (e^{G_p} o X)^T + D^T (Kc X^T), and
@@ -459,7 +462,7 @@ def _verify_stream_kernel(
                 for c in range(0, KD, BK):
                     offs_c = c + tl.arange(0, BK)
                     S0 = tl.load(s_tile + offs_c[None, :])
-                    wt = _window_operand(ws_rows, offs_c, offs_r, TP, SPLIT_ACC)
+                    wt = _window_operand(ws_rows, offs_c, row_ok, TW == TP)
                     kc = tl.load(wr_rows + offs_c[None, :], mask=pend[:, None], other=0.0)
                     kx = tl.dot(kc, tl.trans(wt), kx, input_precision=DOT_PREC)
                     acc = tl.dot(S0, tl.trans(wt * tl.load(wc_ptr + nh * KD + offs_c)[None, :]), acc,
@@ -470,7 +473,7 @@ def _verify_stream_kernel(
             for c in range(0, KD, BK):
                 offs_c = c + tl.arange(0, BK)
                 S0 = tl.load(s_tile + offs_c[None, :])
-                acc = tl.dot(S0, tl.trans(_window_operand(ws_rows, offs_c, offs_r, TP, SPLIT_ACC)), acc,
+                acc = tl.dot(S0, tl.trans(_window_operand(ws_rows, offs_c, row_ok, TW == TP)), acc,
                              input_precision=DOT_PREC)
         if not FINISHED:
             rb_row = wb_ptr + nh * TP + offs_t if LAZY else rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t
@@ -489,8 +492,8 @@ def _verify_stream_kernel(
             pp_nh = pp_ptr + nh * (3 * TP * TP if LAZY else TP * TP)
             P = tl.load(pp_nh + tt, mask=in_tp[:, None] & in_tp[None, :], other=0.0)
             if LAZY:
-                Tm = tl.load(pp_nh + TP * TP + tt)
-                Tk = tl.load(pp_nh + 2 * TP * TP + tt)
+                Tm = tl.load(pp_nh + TP * TP + tt, mask=in_tp[:, None] & in_tp[None, :], other=0.0)
+                Tk = tl.load(pp_nh + 2 * TP * TP + tt, mask=in_tp[:, None] & in_tp[None, :], other=0.0)
         yv = _conv_outputs(v3, v2, v1, v0, wv0, wv1, wv2, wv3, ch_v, icw_base, s_icw_win, live[:, None], ACT_BF16)
         if not LAZY:
             tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
@@ -498,10 +501,11 @@ def _verify_stream_kernel(
         if not SPLIT_ACC:
             o = acc + _mm_small(tl.trans(yv), tl.trans(P), TW)
         else:
-            acc_q, acc_k = tl.split(tl.permute(tl.reshape(acc, [BV, 2, TP]), [0, 2, 1]))
-            if FINISHED:  # acc_q = S W^T
-                o = acc_q + _mm_small(tl.trans(yv), tl.trans(P), TP)
-                U = _mm_small(tl.trans(yv), tl.trans(Tm), TP) - _mm_small(acc_k, tl.trans(Tk), TP)
+            acc_q, acc_k = tl.split(tl.permute(tl.reshape(acc, [BV, 2, TW]), [0, 2, 1]))
+            if FINISHED:  # acc_q = S W^T; 16-wide (tl.dot) products: 8-wide ones in registers cost
+                # ~50 us each at H=32, N=64 (H200, 8-token windows)
+                o = acc_q + _mm_small(tl.trans(yv), tl.trans(P), TW)
+                U = _mm_small(tl.trans(yv), tl.trans(Tm), TW) - _mm_small(acc_k, tl.trans(Tk), TW)
             else:
                 Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
                 o = acc_q * rq[None, :] + _mm_small(Z, tl.trans(P), TP)
