@@ -14,8 +14,9 @@ Lazy record ring (``--enable-linear-replayssm-spec``, docs/lazy-flush.md): where
 (:meth:`DSparkKDAAttnBackend._lazy_records_off_reason`), the pool's state is a checkpoint and the
 rings keep records of the accepted tokens since; the verify rebuilds its start state from them and
 flushes inside its state pass, and the commit only moves a per-slot cursor. The cursor is SGLang's
-own ``mamba_pool.replayssm_write_pos`` (allocated here; SGLang allocates it only for the decode
-ring): SGLang then resets it wherever a slot gets a new owner or a copied state (``alloc``,
+own ``mamba_pool.replayssm_write_pos`` (allocated here, with the marker ``dspark_lazy_records``
+on the pool so that every backend on the pool agrees; SGLang allocates the cursor only for the
+decode ring): SGLang then resets it wherever a slot gets a new owner or a copied state (``alloc``,
 ``copy_from``, loaded states). The corrected deltas go to the pool's ``replayssm_d`` /
 ``replayssm_k``, which SGLang allocates and leaves unused under the speculative ring.
 
@@ -83,6 +84,34 @@ def _layer_state_args(layer, cache) -> dict:
     )
 
 
+def layer_fallback_reason(layer, cache) -> Optional[str]:
+    """Why a KDA layer (``RadixLinearAttention``) with its pool state is outside the kernels'
+    contract, or None: the part of the fallback check that holds for every forward."""
+    dims = (layer.head_q_dim, layer.head_k_dim, layer.head_v_dim)
+    if any(d != HEAD_DIM for d in dims):
+        return f"head_dim {dims} != {HEAD_DIM}"
+    if not layer.num_q_heads == layer.num_k_heads == layer.num_v_heads:
+        return (
+            f"unequal q/k/v head counts ({layer.num_q_heads}, {layer.num_k_heads}, "
+            f"{layer.num_v_heads})"
+        )
+    if layer.conv_weights.shape[-1] != CONV_WIDTH:
+        return f"conv width {layer.conv_weights.shape[-1]} != {CONV_WIDTH}"
+    if layer.bias is not None:
+        return "conv bias is set"
+    if cache.temporal.shape[-3] != layer.num_v_heads or cache.conv[0].shape[-1] != layer.conv_weights.shape[0]:
+        # e.g. data-parallel attention, where SGLang shards Kimi-Linear's KDA layer over the
+        # TP group but sizes the state pool by the attention-TP group
+        return (
+            f"state pool for {cache.temporal.shape[-3]} heads / {cache.conv[0].shape[-1]} conv channels, "
+            f"layer with {layer.num_v_heads} heads / {layer.conv_weights.shape[0]} channels"
+        )
+    state_dtype = cache.temporal.dtype
+    if state_dtype != torch.float32:
+        return f"recurrent state dtype {state_dtype} (the dspark kernels keep fp32 state)"
+    return None
+
+
 class DSparkKDAAttnBackend(KDAAttnBackend):
     """KDA backend for ``--attention-backend dspark``: dense MTP verify, decode, ReplaySSM."""
 
@@ -112,21 +141,35 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         self.last_verify_used_plugin = False
         # The lazy record ring's cursor (the pool's replayssm_write_pos), or None: fold every commit.
         self.record_cursor: Optional[torch.Tensor] = None
-        self._init_lazy_records()
+        self._init_lazy_records(model_runner)
 
     # --- lazy record ring -----------------------------------------------------------------------
 
-    def _lazy_records_off_reason(self, mamba_pool) -> Optional[str]:
+    def _lazy_records_off_reason(self, mamba_pool, model_runner) -> Optional[str]:
         """Why the lazy record ring cannot run here, or None. Every condition is one of
-        docs/lazy-flush.md's: a path that would read a slot's state behind the plugin's back."""
+        docs/lazy-flush.md's: a path that would read a slot's state behind the plugin's back, or
+        a KDA layer whose verify and commit would be SGLang's (they cannot continue from records)."""
         if not lazy_records_enabled():
             return f"{LAZY_RECORDS_ENV}=0"
+        from sglang.srt.layers.attention.linear.utils import pp_spec_stable_rows_enabled
+        from sglang.srt.layers.radix_linear_attention import RadixLinearAttention
         from sglang.srt.mem_cache.memory_pool import MambaPool
 
         if type(mamba_pool) is not MambaPool:
             return f"pool type {type(mamba_pool).__name__} (the cursor's resets are MambaPool's)"
         if getattr(mamba_pool, "replayssm_write_pos", None) is not None:
             return "the pool's replayssm_write_pos is already in use"
+        model = getattr(model_runner, "model", None)
+        for layer in model.modules() if isinstance(model, torch.nn.Module) else ():
+            if isinstance(layer, RadixLinearAttention):
+                reason = layer_fallback_reason(layer, self.req_to_token_pool.mamba2_layer_cache(layer.layer_id))
+                if reason is not None:
+                    return f"KDA layer {layer.layer_id} falls back to SGLang's path ({reason})"
+        dtype = getattr(model_runner, "dtype", None)
+        if isinstance(dtype, torch.dtype) and dtype not in ACTIVATION_DTYPES:
+            return f"activation dtype {dtype} (the dspark kernels take bf16 or fp32)"
+        if pp_spec_stable_rows_enabled():
+            return "pipeline-parallel stable rows (SGLang commits them itself)"
         cache = mamba_pool.mamba_cache
         rawk, d, k = cache.replayssm_rawk, cache.replayssm_d, cache.replayssm_k
         if d is None or k is None or d.shape != rawk.shape or k.shape != rawk.shape or d.stride() != k.stride():
@@ -157,11 +200,16 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
                     "shortened by the pending records, with the latest conv window)")
         return None
 
-    def _init_lazy_records(self) -> None:
+    def _init_lazy_records(self, model_runner) -> None:
         mamba_pool = getattr(self.req_to_token_pool, "mamba_pool", None)
         if self.num_draft_tokens is None or not getattr(mamba_pool, "replayssm_is_kda", False):
             return  # no speculative KDA ring: nothing to decide
-        reason = self._lazy_records_off_reason(mamba_pool)
+        decided = getattr(mamba_pool, "dspark_lazy_records", None)
+        if decided is not None:  # another backend on the same pool decided: verify and commit must agree
+            self.record_cursor = mamba_pool.replayssm_write_pos if decided else None
+            return
+        reason = self._lazy_records_off_reason(mamba_pool, model_runner)
+        mamba_pool.dspark_lazy_records = reason is None
         if reason is not None:
             logger.info("dspark: lazy record ring off: %s; every commit folds the accepted tokens", reason)
             return
@@ -170,15 +218,31 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         self.record_cursor = mamba_pool.replayssm_write_pos
         logger.info("dspark: lazy record ring on (ring length %d)", mamba_pool.mamba_cache.replayssm_rawk.shape[-2])
 
+    def _restart_records(self, forward_batch) -> None:
+        """A prefill starts its slots' records afresh, in stream order: SGLang's reset at alloc runs
+        on the scheduler's stream and may land before an in-flight commit of the slot's previous
+        owner (overlap scheduler). Extends never continue from pending records here (mixed chunks
+        and streaming sessions keep the lazy ring off). Called from every eager metadata hook of
+        an extend: the eager path, the breakable prefill graph's refresh and the full graph's."""
+        mode = forward_batch.forward_mode
+        if (self.record_cursor is None or not mode.is_extend() or mode.is_target_verify()
+                or mode.is_draft_extend_v2()):
+            return
+        slots = self._translate_mamba_indices(self.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices))
+        self.record_cursor[slots.clamp(min=0).long()] = 0
+
     def init_forward_metadata(self, forward_batch):
         super().init_forward_metadata(forward_batch)
-        mode = forward_batch.forward_mode
-        if self.record_cursor is not None and mode.is_extend() and not mode.is_target_verify():
-            # A prefill starts its slots' records afresh, in stream order: SGLang's reset at alloc
-            # runs on the scheduler's stream and may land before an in-flight commit of the slot's
-            # previous owner (overlap scheduling). Extends never continue from pending records here
-            # (mixed chunks and streaming sessions keep the lazy ring off).
-            self.record_cursor[self.forward_metadata.mamba_cache_indices.clamp(min=0).long()] = 0
+        self._restart_records(forward_batch)
+
+    def refresh_prefill_graph_metadata(self, meta, forward_batch) -> None:
+        super().refresh_prefill_graph_metadata(meta, forward_batch)
+        self._restart_records(forward_batch)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+        if not in_capture:
+            self._restart_records(forward_batch)
 
     # --- routing ------------------------------------------------------------------------------
 
@@ -187,34 +251,13 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             return "mixed_qkv is not one tensor"
         if mixed_qkv.dtype not in ACTIVATION_DTYPES:
             return f"activation dtype {mixed_qkv.dtype} (the dspark kernels take bf16 or fp32)"
-        dims = (layer.head_q_dim, layer.head_k_dim, layer.head_v_dim)
-        if any(d != HEAD_DIM for d in dims):
-            return f"head_dim {dims} != {HEAD_DIM}"
-        if not layer.num_q_heads == layer.num_k_heads == layer.num_v_heads:
-            return (
-                f"unequal q/k/v head counts ({layer.num_q_heads}, {layer.num_k_heads}, "
-                f"{layer.num_v_heads})"
-            )
-        if layer.conv_weights.shape[-1] != CONV_WIDTH:
-            return f"conv width {layer.conv_weights.shape[-1]} != {CONV_WIDTH}"
-        if layer.bias is not None:
-            return "conv bias is set"
-        if cache.temporal.shape[-3] != layer.num_v_heads or cache.conv[0].shape[-1] != layer.conv_weights.shape[0]:
-            # e.g. data-parallel attention, where SGLang shards Kimi-Linear's KDA layer over the
-            # TP group but sizes the state pool by the attention-TP group
-            return (
-                f"state pool for {cache.temporal.shape[-3]} heads / {cache.conv[0].shape[-1]} conv channels, "
-                f"layer with {layer.num_v_heads} heads / {layer.conv_weights.shape[0]} channels"
-            )
-        state_dtype = cache.temporal.dtype
-        if state_dtype != torch.float32:
-            return f"recurrent state dtype {state_dtype} (the dspark kernels keep fp32 state)"
-        if verify:
+        reason = layer_fallback_reason(layer, cache)
+        if reason is None and verify:
             if self.forward_metadata.retrieve_parent_token is not None:
                 return "tree verify (speculative topk > 1)"
             if self.accept_lens_pool is not None:
                 return "FlashInfer fused-accept verify backend selected"
-        return None
+        return reason
 
     def _check_window(self, draft_token_num: int) -> None:
         if self.num_draft_tokens is not None and draft_token_num != self.num_draft_tokens:
@@ -230,6 +273,14 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
     # --- DECODE (num_spec == 0) -----------------------------------------------------------------
 
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        if self.record_cursor is not None:
+            # SGLang's DSPARK worker runs no plain DECODE forward of the target; one would update
+            # the checkpoint in place and skip the slot's pending records
+            raise dspark_error(
+                "DSPARK-E209", f"KDA layer {layer.layer_id}",
+                expected="no plain DECODE forward of the target under the lazy record ring",
+                got="a DECODE forward", fix=f"set {LAZY_RECORDS_ENV}=0 for this deployment",
+            )
         cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
         reason = self._fallback_reason(layer, mixed_qkv, cache, verify=False)
         fm = self.forward_metadata

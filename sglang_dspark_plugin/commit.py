@@ -59,7 +59,8 @@ def commit_verified_states(
     """
     if not getattr(linear_backend, "last_verify_used_plugin", False):
         return None  # SGLang's verify ran: its commit must match
-    if pp_spec_stable_rows_enabled() and req_pool_indices is not None:
+    lazy = getattr(linear_backend, "record_cursor", None) is not None  # (never with PP stable rows)
+    if not lazy and pp_spec_stable_rows_enabled() and req_pool_indices is not None:
         return None
     pool = linear_backend.req_to_token_pool
     if not getattr(pool.mamba_pool, "replayssm_is_kda", False):
@@ -75,7 +76,7 @@ def commit_verified_states(
         track_slots = linear_backend._translate_mamba_indices(mamba_track_indices)
         track_slots = track_slots[:num_requests].to(torch.int32)
         track_steps = mamba_steps_to_track[:num_requests].to(torch.int32)
-    if getattr(linear_backend, "record_cursor", None) is not None:
+    if lazy:
         _commit_lazy_records(linear_backend.record_cursor, caches, slots, rows, accept_lens, track_slots,
                              track_steps, steps=linear_backend.num_draft_tokens)
         return "lazy records commit"

@@ -529,3 +529,63 @@ def test_lazy_record_ring_through_sglang(dtype, caplog):
         assert "lazy record ring off: no_buffer radix cache" in caplog.text
     finally:
         setup.close()
+
+
+def test_lazy_record_ring_guards():
+    """The lazy record ring's guards: every eager extend-metadata hook (eager, breakable prefill
+    graph refresh, full prefill graph) restarts the batch's records; a second backend on the same
+    pool takes the first one's decision; a KDA layer SGLang would serve keeps the ring off at
+    startup (scan of the model's layers) and, met at verify time, raises DSPARK-E209 instead of
+    mixing SGLang's verify with records; so does a plain DECODE forward."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
+
+    window = 4
+    setup = Setup(window=window, replayssm=True, seed=4, disable_radix_cache=True)
+    try:
+        linear, cursor = setup.linear, setup.linear.record_cursor
+        pool = setup.runner.req_to_token_pool.mamba_pool
+        assert cursor is not None and pool.dspark_lazy_records is True
+        for hook in ("refresh_prefill_graph_metadata", "init_forward_metadata_out_graph"):
+            cursor.fill_(3)
+            fb = make_forward_batch(setup.runner, ForwardMode.EXTEND, setup.rpi, [2] * NUM_REQ)
+            parent = getattr(KDAAttnBackend, hook)
+            try:  # the parent's graph bookkeeping needs real graph buffers: only the reset is checked
+                setattr(KDAAttnBackend, hook, lambda self, *a, **k: None)
+                getattr(linear, hook)(*(("meta", fb) if hook.startswith("refresh") else (fb,)))
+            finally:
+                setattr(KDAAttnBackend, hook, parent)
+            assert all(int(cursor[s]) == 0 for s in setup.slots), hook
+            assert int(cursor[POOL]) == 3  # other slots keep their records
+
+        # a second backend on the pool follows the first one's decision
+        again = type(linear).__new__(type(linear))
+        again.num_draft_tokens, again.req_to_token_pool = window, linear.req_to_token_pool
+        again._init_lazy_records(setup.runner)
+        assert again.record_cursor is cursor
+
+        # a layer with a conv bias would be SGLang's: the startup scan keeps the ring off
+        biased = RadixLinearAttention(
+            layer_id=0, num_q_heads=H, num_k_heads=H, num_v_heads=H, head_q_dim=128, head_k_dim=128,
+            head_v_dim=128, conv_weights=setup.layer.conv_weights, bias=torch.zeros(D), activation="silu",
+            A_log=setup.layer.A_log, dt_bias=setup.layer.dt_bias,
+        )
+        saved, pool.replayssm_write_pos = pool.replayssm_write_pos, None
+        try:
+            reason = linear._lazy_records_off_reason(pool, SimpleNamespace(model=torch.nn.ModuleList([biased]),
+                                                                           dtype=DTYPE))
+        finally:
+            pool.replayssm_write_pos = saved
+        assert reason is not None and "conv bias" in reason
+
+        # met at verify time (no model to scan here), a fallback raises instead of mixing paths
+        setup.layer.bias = torch.zeros(D)
+        mixed_qkv, a, b = setup.tokens(NUM_REQ * window)
+        with pytest.raises(DSparkError, match="DSPARK-E209"):
+            setup.verify(mixed_qkv, a, b)
+        setup.layer.bias = None
+        with pytest.raises(DSparkError, match="DSPARK-E209"):
+            setup.run(ForwardMode.DECODE, [1] * NUM_REQ, *setup.tokens(NUM_REQ))
+    finally:
+        setup.close()

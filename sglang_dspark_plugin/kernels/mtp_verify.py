@@ -199,7 +199,8 @@ def mtp_verify(
     finish: Optional[bool] = None,
     record_cursor: Optional[torch.Tensor] = None, ring_delta=None,
 ) -> torch.Tensor:
-    """KDA speculative verify of N requests x (1 + num_spec) tokens; state and conv are read-only.
+    """KDA speculative verify of N requests x (1 + num_spec) tokens; state and conv are read-only
+    (except the lazy record ring's flush, which writes the state: ``record_cursor``).
 
     Each request n owns tokens ``[cu_seqlens[n], cu_seqlens[n+1])`` (at most ``1 + num_spec``;
     shorter requests are fine, steps past their length are neither computed nor written) and
@@ -282,7 +283,7 @@ def mtp_verify(
         Lazy record ring (ring mode; docs/lazy-flush.md): ``[slots]`` int32, ``p`` = the records of
         accepted tokens a slot holds in ring rows ``[0, p)`` that ``ssm_state[slot]`` (the
         checkpoint) does not yet include; SGLang's ``replayssm_write_pos``. Read only here (the
-        commit moves it, :func:`sglang_dspark_plugin.kernels.record_ring.advance_records`). The window starts from
+        commit moves it, :func:`sglang_dspark_plugin.kernels.record_ring.commit_records`). The window starts from
         the checkpoint carried over those records; when it would not fit behind them
         (``p + 1 + num_spec > L``) that state is written to ``ssm_state[slot]`` first (a flush) and
         the window's records start at row 0, else at row ``p``. Record of token t: its corrected

@@ -514,7 +514,8 @@ def _verify_stream_kernel(
                     tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + (base + offs_t) * s_rb_t, rk,
                              mask=live & (iv == 0))
         if LAZY:
-            # every program's reads of pending records (D) before a flushing window overwrites them
+            # this program's reads of its pending records (D) before a flushing window overwrites
+            # them (other programs own other V columns)
             tl.debug_barrier()
             _store_delta(rd_hi_ptr, rd_lo_ptr, rd_off + (base + offs_t)[None, :] * s_rd_t + offs_v[:, None], U,
                          live[None, :], SPLIT_D)
