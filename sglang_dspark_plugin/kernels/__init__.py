@@ -4,6 +4,9 @@
   snapshot mode or ReplaySSM ring mode).
 * :func:`decode` -- one token per request, conv and recurrent state updated in place.
 * :func:`replayssm_fold` -- commit: fold the accepted prefix of the rings into the state, all layers.
+* :mod:`.record_ring` -- the lazy record ring's commit (``commit_records``) and the state of a slot
+  from its checkpoint and records (``materialize_records``); its verify is ``mtp_verify`` with
+  ``record_cursor`` (docs/lazy-flush.md).
 
 Plain PyTorch references (the test oracle) live in :mod:`.reference`; see ``docs/kernels.md``.
 """

@@ -1,4 +1,4 @@
-"""Plain PyTorch references for the three KDA kernels: the test oracle.
+"""Plain PyTorch references for the KDA kernels: the test oracle.
 
 The functions take exactly the arguments of the Triton wrappers (same layouts, same in-place
 semantics) and work in any dtype, float64 included. All arithmetic runs in ``compute_dtype``
@@ -343,3 +343,31 @@ def lazy_commit_ref(cursor, slot: int, accept_len: int) -> None:
     """Commit ``accept_len`` verified tokens (``1..T``): only the cursor moves; the state, the
     checkpoint and the ring rows stay as the verify left them."""
     cursor[slot] += accept_len
+
+
+def _deltas(ring_delta) -> torch.Tensor:
+    """The lazy ring's fp32 deltas from one fp32 ring or a (high, low) pair of 16-bit rings."""
+    if not isinstance(ring_delta, (tuple, list)):
+        return ring_delta
+    hi, lo = (t.view(torch.int16).to(torch.int32) for t in ring_delta)
+    return ((hi << 16) | (lo & 0xFFFF)).view(torch.float32)
+
+
+@torch.no_grad()
+def materialize_records_ref(ssm_state, ring_rawk, ring_g, ring_beta, ring_delta, src_slots, counts, dst_slots,
+                            compute_dtype=torch.float64):
+    """Reference of :func:`sglang_dspark_plugin.kernels.record_ring.materialize_records` (in place,
+    all-layer tensors): per row, ``ssm_state[:, dst]`` = ``ssm_state[:, src]`` carried over the first
+    ``count`` records, step by step ``S <- S * exp(g) + d (rawk * rk)^T`` (``rk`` in ``ring_beta``)."""
+    d_all = _deltas(ring_delta)
+    for src, cnt, dst in zip(src_slots.tolist(), counts.tolist(), dst_slots.tolist()):
+        if src < 0 or dst < 0:
+            continue
+        S = ssm_state[:, src].to(compute_dtype)  # [layers, H, V, K]
+        for j in range(cnt):
+            k = ring_rawk[:, src, :, j].to(compute_dtype) * ring_beta[:, src, :, j, None].to(compute_dtype)
+            g = ring_g[:, src, :, j].to(compute_dtype)
+            d = d_all[:, src, :, j].to(compute_dtype)
+            S = S * torch.exp(g)[..., None, :] + d[..., :, None] * k[..., None, :]
+        ssm_state[:, dst] = S.to(ssm_state.dtype)
+    return ssm_state
