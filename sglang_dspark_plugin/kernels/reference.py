@@ -299,10 +299,11 @@ def buffered_decode_state_ref(ssm_state, ring_d, ring_k, ring_g, slot, rows: int
 
 
 # ----------------------------------------------------------------------------------------------
-# Lazy-flush speculative ring (issue 15, docs/lazy-flush.md): the protocol's oracle. No kernel
-# implements it yet; these define what one must compute. Inputs are the processed per-token
-# quantities of the math above (normalised k, scaled q, log-decay g, beta), not raw projections:
-# the protocol concerns only how the recurrent state is kept.
+# Lazy-flush speculative ring (issue 15, docs/lazy-flush.md): the protocol's oracle. The kernels
+# (mtp_verify with record_cursor, record_ring) implement it with the key kept as rawk and its norm's
+# reciprocal; these references take the processed per-token quantities of the math above
+# (normalised k, scaled q, log-decay g, beta), not raw projections: the protocol concerns only how
+# the recurrent state is kept.
 # ----------------------------------------------------------------------------------------------
 
 def lazy_verify_ref(ssm_state, ring_d, ring_k, ring_g, cursor, slot: int, q, k, v, g, beta,
@@ -358,16 +359,15 @@ def materialize_records_ref(ssm_state, ring_rawk, ring_g, ring_beta, ring_delta,
                             compute_dtype=torch.float64):
     """Reference of :func:`sglang_dspark_plugin.kernels.record_ring.materialize_records` (in place,
     all-layer tensors): per row, ``ssm_state[:, dst]`` = ``ssm_state[:, src]`` carried over the first
-    ``count`` records, step by step ``S <- S * exp(g) + d (rawk * rk)^T`` (``rk`` in ``ring_beta``)."""
+    ``count`` records, step by step as :func:`buffered_decode_state_ref` with the key
+    ``rawk * rk`` (``rk`` in ``ring_beta``)."""
     d_all = _deltas(ring_delta)
+    keys = ring_rawk.to(compute_dtype) * ring_beta.to(compute_dtype)[..., None]
     for src, cnt, dst in zip(src_slots.tolist(), counts.tolist(), dst_slots.tolist()):
         if src < 0 or dst < 0:
             continue
-        S = ssm_state[:, src].to(compute_dtype)  # [layers, H, V, K]
-        for j in range(cnt):
-            k = ring_rawk[:, src, :, j].to(compute_dtype) * ring_beta[:, src, :, j, None].to(compute_dtype)
-            g = ring_g[:, src, :, j].to(compute_dtype)
-            d = d_all[:, src, :, j].to(compute_dtype)
-            S = S * torch.exp(g)[..., None, :] + d[..., :, None] * k[..., None, :]
+        S = torch.stack([buffered_decode_state_ref(ssm_state[layer], d_all[layer], keys[layer], ring_g[layer], src,
+                                                   cnt, compute_dtype=compute_dtype)
+                         for layer in range(ssm_state.shape[0])])
         ssm_state[:, dst] = S.to(ssm_state.dtype)
     return ssm_state
