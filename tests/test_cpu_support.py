@@ -80,6 +80,16 @@ CHECKS = textwrap.dedent(
         pass  # the fake args lack fields; what matters is that the device gate let it through
     assert hook.resolving_view.__name__ == "resolving_view"  # restored after the call
 
+    # Gate 6: CPU process groups are built without PyNccl unless a caller asks for it.
+    import sglang.srt.distributed.parallel_state as ps
+    real_coordinator = ps.GroupCoordinator
+    ps.GroupCoordinator = lambda **kwargs: kwargs  # what init_model_parallel_group would build
+    try:
+        assert ps.init_model_parallel_group([[0, 1]], 0, "gloo")["use_pynccl"] is False
+        assert ps.init_model_parallel_group([[0, 1]], 0, "gloo", use_pynccl=True)["use_pynccl"] is True
+    finally:
+        ps.GroupCoordinator = real_coordinator
+
     # Shim 6: fla's custom_device_ctx is a no-op context on CPU.
     import sglang.kernels.ops.attention.fla.utils as fla_utils
     with fla_utils.custom_device_ctx(0):
@@ -97,5 +107,5 @@ def test_apply_installs_every_patch_in_a_fresh_process():
         [sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "OK 11 patches" in proc.stdout, proc.stdout[-2000:]
+    assert "OK 12 patches" in proc.stdout, proc.stdout[-2000:]
     assert "Executed general plugin: dspark_cpu" in proc.stderr

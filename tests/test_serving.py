@@ -87,6 +87,22 @@ def test_cpu_flags_only_without_gpu():
     assert gpu.args[:2] == ["--attention-backend", "dspark"] and "--port" in gpu.args
 
 
+def test_cpu_tensor_parallel_ranks_get_core_groups(monkeypatch):
+    """SGLang's CPU ranks need SGLANG_CPU_OMP_THREADS_BIND (one '|' group per rank) when there are
+    more ranks than NUMA nodes; the launcher sets it for --tp-size > 1 unless the caller did."""
+    monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
+    one = SGLangServer(["--attention-backend", "dspark"], cpu=True)
+    assert "SGLANG_CPU_OMP_THREADS_BIND" not in one.env
+    two = SGLangServer(["--attention-backend", "dspark", "--tp-size", "2"], cpu=True)
+    groups = two.env["SGLANG_CPU_OMP_THREADS_BIND"].split("|")
+    cores = {str(c) for c in os.sched_getaffinity(0)}
+    assert len(groups) == 2 and all(g and set(g.split(",")) <= cores for g in groups)
+    if len(cores) >= 2:  # ranks get disjoint cores when there are enough
+        assert not set(groups[0].split(",")) & set(groups[1].split(","))
+    monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0-7|8-15")
+    assert SGLangServer(["--tp-size", "2"], cpu=True).env["SGLANG_CPU_OMP_THREADS_BIND"] == "0-7|8-15"
+
+
 @pytest.mark.parametrize("gamma,ring", [(1, 4), (3, 8), (4, 16), (7, 16), (8, 32)])
 def test_replayssm_ring_is_power_of_two_at_least_twice_the_window(gamma, ring):
     args = serving.tiny_model_args(gamma, replayssm=True)

@@ -5,7 +5,8 @@ chain (scheduler -> KDA backend -> Triton kernels, DSPARK draft/verify/commit) s
 
 1. Triton runs in its interpreter (``TRITON_INTERPRET=1``; numpy executes every program) with a
    few fixes to the interpreter (``_install_triton_interpreter_shims``, six of them), and
-2. five small device gates in SGLang let a plain CPU host through
+2. six small device gates in SGLang let a plain CPU host through (the sixth only for
+   ``--tp-size > 1``)
    (``_install_sglang_device_gate_patches``).
 
 ``apply()`` installs both; it returns at once, changing nothing, when ``torch.cuda.is_available()``,
@@ -340,7 +341,7 @@ def _shim_fla_device_ctx(module) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# The five SGLang device gates (dspark-on-cpu.md, "Blockers")
+# The SGLang device gates (1-5: dspark-on-cpu.md, "Blockers"; 6: tensor parallelism)
 # ----------------------------------------------------------------------------------------------
 #
 # SGLang's "CPU" (``is_cpu()``) means its own CPU engine (``SGLANG_USE_CPU_ENGINE=1`` with a
@@ -357,6 +358,7 @@ def _install_sglang_device_gate_patches() -> None:
     _gate_record_stream_cpu()
     _when_imported("sglang.kernels.ops.speculative.cache_locs", _gate_cache_locs_triton_branch)
     _when_imported("sglang.kernels.ops.mamba.mamba_state_scatter_triton", _gate_mamba_scatter_cpu)
+    _when_imported("sglang.srt.distributed.parallel_state", _gate_pynccl_off_on_cpu)
 
 
 def _gate_dspark_device_check(speculative_hook) -> None:
@@ -499,6 +501,30 @@ def _gate_mamba_scatter_cpu(scatter) -> None:
         make(scatter.fused_conv_window_scatter_with_mask, False),
     )
     _installed.append("sglang: mamba state scatter on CPU")
+
+
+def _gate_pynccl_off_on_cpu(parallel_state) -> None:
+    """Gate 6 (tensor parallelism, ``--tp-size > 1``): process groups ask for PyNccl on a plain CPU host.
+
+    ``distributed/parallel_state.py``'s ``init_model_parallel_group`` turns PyNccl on for every
+    platform but NPU / XPU / an out-of-tree one without it, and ``GroupCoordinator`` then enters
+    ``torch.cuda.device("cpu")`` ("Expected a cuda device, but got: cpu"). Without a GPU there is
+    no NCCL: the groups' collectives on CPU tensors already go to ``torch.distributed`` over gloo
+    (``all_reduce``'s ``input_.is_cpu`` branch), so the default becomes "no PyNccl". A caller that
+    asks for PyNccl explicitly is left as it is."""
+    original = parallel_state.init_model_parallel_group
+    if getattr(original, "_dspark_cpu_patch", False):
+        return
+
+    def init_model_parallel_group(*args, **kwargs):
+        if kwargs.get("use_pynccl") is None and len(args) < 4:
+            kwargs["use_pynccl"] = False
+        return original(*args, **kwargs)
+
+    init_model_parallel_group._dspark_cpu_patch = True
+    init_model_parallel_group.__wrapped__ = original
+    parallel_state.init_model_parallel_group = init_model_parallel_group
+    _installed.append("sglang: no PyNccl on CPU process groups")
 
 
 def _torch_state_scatter(dst, src, dst_indices, step_indices, src_rows, check_src_nonnegative):

@@ -84,11 +84,30 @@ def cpu_flags(*, speculative: bool) -> List[str]:
     return flags
 
 
-def cpu_env() -> Dict[str, str]:
+def cpu_env(tp_size: int = 1) -> Dict[str, str]:
     """Environment a CPU-only run needs: Triton's interpreter (there is no Triton CPU driver; it
     must be set before Triton kernels are defined, i.e. in the server's environment) and the opt-in
-    to the CPU-only SGLang patches (``cpu_support.py``), which SGLang's processes inherit."""
-    return {"TRITON_INTERPRET": "1", CPU_ENV: "1"}
+    to the CPU-only SGLang patches (``cpu_support.py``), which SGLang's processes inherit.
+
+    With ``tp_size > 1`` also ``SGLANG_CPU_OMP_THREADS_BIND``: SGLang's CPU ranks refuse to start
+    without it when there are more ranks than NUMA nodes (one here); the machine's cores are split
+    into ``tp_size`` consecutive groups (a group reuses a core when there are fewer cores than
+    ranks), unless the environment already sets it."""
+    env = {"TRITON_INTERPRET": "1", CPU_ENV: "1"}
+    if tp_size > 1 and "SGLANG_CPU_OMP_THREADS_BIND" not in os.environ:
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = cpu_thread_groups(tp_size)
+    return env
+
+
+def cpu_thread_groups(ranks: int) -> str:
+    """``"0|1"``-style core groups, one per rank, for ``SGLANG_CPU_OMP_THREADS_BIND``."""
+    cores = sorted(os.sched_getaffinity(0))
+    per_rank = max(1, len(cores) // ranks)
+    groups = []
+    for rank in range(ranks):
+        group = cores[rank * per_rank:(rank + 1) * per_rank] or [cores[rank % len(cores)]]
+        groups.append(",".join(str(core) for core in group))
+    return "|".join(groups)
 
 
 def _flag_value(args: Sequence[str], flag: str) -> Optional[str]:
@@ -249,7 +268,8 @@ class SGLangServer:
         self.args = _merge_flags(args, ["--host", host, "--port", str(self.port)])
         self.env = dict(os.environ)
         if self.cpu:
-            self.env.update(cpu_env())
+            tp_size = int(_flag_value(self.args, "--tp-size") or _flag_value(self.args, "--tp") or 1)
+            self.env.update(cpu_env(tp_size))
         self.env.update(env or {})
         self.startup_timeout = startup_timeout
         self.progress_every = progress_every
