@@ -9,7 +9,8 @@ overlap scheduler and the same draft: ``stock`` (SGLang's own backend, no specul
 ``stock-dspark`` (SGLang's KDA verify path, snapshot commit), ``stock-dspark-replayssm``,
 ``dspark`` (our backend, plain decode), ``dspark-dspark`` (our verify, snapshot commit),
 ``dspark-dspark-replayssm`` (our verify with the lazy record ring: no fold per commit),
-``dspark-dspark-replayssm-eager`` (our verify + ReplaySSM fold every commit), and plain decode through SGLang's decode
+``dspark-dspark-replayssm-eager`` (our verify + ReplaySSM fold every commit),
+``dspark-dspark-replayssm-lazy-all`` (the lazy record ring at windows above 4 tokens too), and plain decode through SGLang's decode
 ring (``--enable-linear-replayssm``, which needs the no_buffer radix strategy and no overlap
 scheduler): ``stock-ring`` (SGLang's buffered decode), ``dspark-ring`` (ours).
 
@@ -73,6 +74,7 @@ class Config:
     replayssm: bool = False
     decode_ring: bool = False
     env: tuple = ()  # (name, value) pairs for the server's environment
+    default: bool = True  # in the default --configs
 
 
 CONFIGS = [
@@ -83,6 +85,10 @@ CONFIGS = [
     Config("dspark-dspark", "dspark", True),
     Config("dspark-dspark-replayssm", "dspark", True, True),  # the lazy record ring where it is safe (extra_buffer)
     Config("dspark-dspark-replayssm-eager", "dspark", True, True, env=(("SGLANG_DSPARK_LAZY_RECORDS", "0"),)),
+    # the lazy record ring at windows above 4 tokens too (gamma > 3; off by default until measured)
+    # (the same as dspark-dspark-replayssm at the default gamma 3: asked for by name, with --gamma 7)
+    Config("dspark-dspark-replayssm-lazy-all", "dspark", True, True, env=(("SGLANG_DSPARK_LAZY_RECORDS", "all"),),
+           default=False),
     # plain decode through SGLang's decode ring (--enable-linear-replayssm; no_buffer radix, no overlap)
     Config("stock-ring", "stock", False, decode_ring=True),
     Config("dspark-ring", "dspark", False, decode_ring=True),
@@ -367,7 +373,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2, help="measurement rounds (the median is reported)")
     p.add_argument("--tp-size", type=int, default=1, help="tensor parallelism of every server")
-    p.add_argument("--configs", default=",".join(c.name for c in CONFIGS))
+    p.add_argument("--configs", default=",".join(c.name for c in CONFIGS if c.default))
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-concurrency", type=int, default=32)
     p.add_argument("--profile-steps", type=int, default=20)

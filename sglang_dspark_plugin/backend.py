@@ -43,7 +43,7 @@ from .errors import dspark_error
 from .kernels import decode, mtp_verify
 from .layout import as_dense_beta, as_dense_heads, densify_verify_batch, split_mixed_qkv
 from .settings import (ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM, LAZY_RECORDS_ENV, LAZY_RECORDS_MAX_WINDOW,
-                       lazy_records_enabled)
+                       lazy_records_any_window, lazy_records_enabled)
 
 logger = logging.getLogger("sglang_dspark_plugin")
 
@@ -180,9 +180,10 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             return f"recurrent state dtype {cache.temporal.dtype}"
         if self.accept_lens_pool is not None:
             return "FlashInfer fused-accept verify backend selected"
-        if self.num_draft_tokens > LAZY_RECORDS_MAX_WINDOW:
+        if self.num_draft_tokens > LAZY_RECORDS_MAX_WINDOW and not lazy_records_any_window():
             return (f"windows of {self.num_draft_tokens} tokens (its verify is slower than verify + fold "
-                    f"above {LAZY_RECORDS_MAX_WINDOW} on the H200: docs/lazy-flush.md)")
+                    f"above {LAZY_RECORDS_MAX_WINDOW} on the H200: docs/lazy-flush.md; "
+                    f"{LAZY_RECORDS_ENV}=all turns it on)")
         if rawk.shape[-2] < 2 * self.num_draft_tokens:
             return f"ring length {rawk.shape[-2]} < 2 windows"
         from sglang.srt.runtime_context import get_disagg, get_memory, get_parallel, get_schedule, get_serving

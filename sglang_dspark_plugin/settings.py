@@ -41,7 +41,8 @@ ENV_VARS = {
     TINY_DIR_ENV: "where harness/tiny_models.py writes the tiny test models (default: configs/ of a "
     "source checkout, else the user cache)",
     LAZY_RECORDS_ENV: "0 = fold every commit under --enable-linear-replayssm-spec instead of the lazy record "
-    "ring (default on where it is safe: docs/lazy-flush.md)",
+    "ring (default on where it is safe and faster: docs/lazy-flush.md); all = also for verify windows above "
+    "LAZY_RECORDS_MAX_WINDOW tokens (correct, not yet shown faster: for measuring them)",
 }
 
 
@@ -63,6 +64,12 @@ def pdl_enabled() -> bool:
 def lazy_records_enabled() -> bool:
     """``SGLANG_DSPARK_LAZY_RECORDS`` is not ``0`` (the lazy record ring where it is safe)."""
     return os.environ.get(LAZY_RECORDS_ENV, "1") != "0"
+
+
+def lazy_records_any_window() -> bool:
+    """``SGLANG_DSPARK_LAZY_RECORDS=all``: the lazy record ring also for verify windows above
+    ``LAZY_RECORDS_MAX_WINDOW`` tokens."""
+    return os.environ.get(LAZY_RECORDS_ENV) == "all"
 
 
 def tiny_dir() -> Optional[str]:

@@ -25,6 +25,7 @@ from sglang.srt.model_executor.forward_context import ForwardContext, forward_co
 from sglang_kit import KDARunner, bind_requests, dflash_verify_input, make_forward_batch
 from sglang_dspark_plugin.errors import DSparkError
 from sglang_dspark_plugin.kernels.reference import buffered_decode_state_ref, sequential_ref
+from sglang_dspark_plugin.settings import LAZY_RECORDS_MAX_WINDOW
 
 H = 2
 D = 3 * H * 128
@@ -442,19 +443,31 @@ def test_buffered_decode_keeps_sglangs_ring_contract(dtype):
         setup.close()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_lazy_record_ring_through_sglang(dtype, caplog):
+@pytest.mark.parametrize("dtype,window", [(torch.float32, 4), (torch.bfloat16, 4), (torch.float32, 8)],
+                         ids=["fp32", "bf16", "fp32-window8-all"])
+def test_lazy_record_ring_through_sglang(dtype, window, caplog, monkeypatch):
     """--enable-linear-replayssm-spec where the lazy record ring is safe (here: radix cache off):
     verify -> random accept -> the hybrid's commit, 8 cycles over SGLang's real pool, crossing
     flushes, with a radix track snapshot every cycle. After each commit the slot's state carried
     over its pending records, and the checkpoint alone ``cursor`` tokens back, match the float64
     sequential run of the accepted tokens; the conv windows are current. bf16: the deltas are
     kept as 16-bit halves in SGLang's bf16 replayssm_d / replayssm_k. An EXTEND resets the
-    batch's cursors (stream-ordered), and with the no_buffer radix cache the ring stays off."""
+    batch's cursors (stream-ordered), and with the no_buffer radix cache the ring stays off.
+    8-token windows (the finish-kernel path): off by default, on with SGLANG_DSPARK_LAZY_RECORDS=all."""
     from sglang_dspark_plugin.commit import delta_ring
     from sglang_dspark_plugin.kernels.record_ring import materialize_records
 
-    window, tol = 4, TOLERANCE[dtype]
+    tol = TOLERANCE[dtype]
+    if window > LAZY_RECORDS_MAX_WINDOW:
+        with caplog.at_level(logging.INFO, logger="sglang_dspark_plugin"):
+            setup = Setup(window=window, replayssm=True, dtype=dtype, seed=3, disable_radix_cache=True)
+        try:
+            assert setup.linear.record_cursor is None
+            assert f"lazy record ring off: windows of {window} tokens" in caplog.text
+        finally:
+            setup.close()
+        caplog.clear()
+        monkeypatch.setenv("SGLANG_DSPARK_LAZY_RECORDS", "all")
     with caplog.at_level(logging.INFO, logger="sglang_dspark_plugin"):
         setup = Setup(window=window, replayssm=True, dtype=dtype, seed=3, disable_radix_cache=True)
     try:
@@ -467,7 +480,7 @@ def test_lazy_record_ring_through_sglang(dtype, caplog):
         truth = {s: [s0[s].double()] for s in setup.slots}  # eager state after every accepted token
         conv = {s: c0[s].double() for s in setup.slots}
         flushes = 0
-        for cycle in range(8):
+        for cycle in range(8 if window <= 4 else 5):  # (interpreter time: 8-token windows cost ~3x)
             mixed_qkv, a, b = setup.tokens(NUM_REQ * window)
             before = cursor.clone()
             out = setup.verify(mixed_qkv, a, b)
