@@ -1,17 +1,19 @@
-"""Retract and resume under the lazy record ring, served (issue 15's correctness list).
+"""Retract and resume under the lazy record ring and the buffered decode, served (issue 15's
+correctness list).
 
-With the lazy record ring a slot's pool state is a checkpoint plus pending records of accepted
-tokens. When SGLang retracts a running request (KV pool full) it frees the request's slots with
+With the lazy record ring (and with SGLang's decode ring, where the plugin's buffered decode runs)
+a slot's pool state is a checkpoint plus pending records of accepted tokens. When SGLang retracts a running request (KV pool full) it frees the request's slots with
 their pending records and later re-prefills the request, prompt plus the tokens generated so far,
 into a fresh slot. The output must not change.
 
 ``SGLANG_TEST_RETRACT=1`` is SGLang's own switch for this: the scheduler retracts decode
 requests every third forward step (``scheduler.py``, "Testing retraction"), so requests are
-retracted mid-ring and resumed several times per request. One server, DSPARK gamma 3, ReplaySSM
-ring 8 with the lazy record ring on (``--disable-radix-cache``, as in ``g3-compact-lazy``).
-Checked: the four prompts sent at once give ``/generate`` output ids equal to stock SGLang's
-(the session's baseline, no speculation, no retraction); SGLang reports retractions in
-``meta_info`` and logs them; the lazy kernels ran and nothing fell back.
+retracted mid-ring and resumed several times per request. Two servers: DSPARK gamma 3, ReplaySSM
+ring 8 with the lazy record ring on (``--disable-radix-cache``, as in ``g3-compact-lazy``); plain
+decode in SGLang's decode ring (``--enable-linear-replayssm``, ring 4) on the plugin's buffered
+decode. Checked: the four prompts sent at once give ``/generate`` output ids equal to stock
+SGLang's (the session's baseline, no speculation, no retraction); SGLang reports retractions in
+``meta_info`` and logs them; the configuration's kernels ran and nothing fell back.
 """
 
 from __future__ import annotations
@@ -26,34 +28,42 @@ from e2e_kit import MAX_TOKENS, PROMPTS, assert_served_by_plugin, generate, star
 
 pytestmark = pytest.mark.e2e
 
-LAZY_KERNELS = ["mtp_verify (ring, lazy records)", "lazy records commit"]
+# name: (gamma, replayssm, extra flags, kernels that must run, log line that must appear)
+CONFIGS = {
+    "g3-lazy-retract": (3, True, ["--disable-radix-cache"],
+                        ["mtp_verify (ring, lazy records)", "lazy records commit"], "dspark: lazy record ring on"),
+    "decode-ring-retract": (None, False, ["--enable-linear-replayssm", "--linear-replayssm-cache-len", "4"],
+                            ["decode (buffered)"], None),
+}
 
 
-@pytest.fixture(scope="module")
-def retracting(baseline):
-    args = tiny_model_args(3, attention_backend="dspark", replayssm=True, extra=["--disable-radix-cache"])
-    server = start_server("g3-lazy-retract", args, env={"SGLANG_TEST_RETRACT": "1"})
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def retracting(request, baseline):
+    gamma, replayssm, extra, kernels, mark = CONFIGS[request.param]
+    args = tiny_model_args(gamma, attention_backend="dspark", replayssm=replayssm, extra=extra)
+    server = start_server(request.param, args, env={"SGLANG_TEST_RETRACT": "1"})
     try:
         with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
             futures = {p: pool.submit(generate, server, p) for p in PROMPTS}
             results = {p: f.result(timeout=900) for p, f in futures.items()}
-        yield server, results
+        yield server, results, kernels, mark
     finally:
         stop_server(server)
 
 
 def test_retracted_requests_resume_lossless(retracting, baseline):
-    server, results = retracting
+    server, results, _, _ = retracting
     for prompt, out in results.items():
         assert out["output_ids"] == baseline.generate[prompt]["output_ids"], prompt
         assert out["meta_info"]["completion_tokens"] == MAX_TOKENS
 
 
-def test_requests_were_retracted_under_the_lazy_ring(retracting):
-    server, results = retracting
+def test_requests_were_retracted_with_pending_records(retracting):
+    server, results, kernels, mark = retracting
     retractions = sum(out["meta_info"].get("num_retractions", 0) for out in results.values())
     assert retractions >= 1, {p: out["meta_info"] for p, out in results.items()}
     log = server.log_text()
     assert "Testing retraction" in log
-    assert "dspark: lazy record ring on" in log
-    assert_served_by_plugin(server, LAZY_KERNELS)
+    if mark:
+        assert mark in log
+    assert_served_by_plugin(server, kernels)
