@@ -25,8 +25,8 @@ CUDA = torch.cuda.is_available()
 
 @pytest.mark.parametrize(
     "num_spec,L,split,cycles,block_v",
-    [(3, 8, False, 8, None), (3, 16, True, 14, 32), (7, 16, False, 10, None)],
-    ids=["T4-L8", "T4-L16-split-4tiles", "T8-L16-finish"],
+    [(3, 8, False, 8, None), (3, 16, True, 14, 32), (7, 16, False, 10, None), (15, 32, False, 10, None)],
+    ids=["T4-L8", "T4-L16-split-4tiles", "T8-L16-finish", "T16-L32-finish"],
 )
 def test_lazy_ring_trajectory(num_spec, L, split, cycles, block_v):
     """``block_v=32``: four V-tiles per head (the interpreter's default is one), so each tile's
