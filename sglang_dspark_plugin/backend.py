@@ -43,7 +43,7 @@ from .errors import dspark_error
 from .kernels import decode, mtp_verify
 from .layout import as_dense_beta, as_dense_heads, densify_verify_batch, split_mixed_qkv
 from .settings import (ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM, LAZY_RECORDS_ENV, LAZY_RECORDS_MAX_WINDOW,
-                       lazy_records_any_window, lazy_records_enabled)
+                       LAZY_RECORDS_TESTED_WINDOW, lazy_records_any_window, lazy_records_enabled)
 
 logger = logging.getLogger("sglang_dspark_plugin")
 
@@ -184,6 +184,8 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             return (f"windows of {self.num_draft_tokens} tokens (its verify is slower than verify + fold "
                     f"above {LAZY_RECORDS_MAX_WINDOW} on the H200: docs/lazy-flush.md; "
                     f"{LAZY_RECORDS_ENV}=all turns it on)")
+        if self.num_draft_tokens > LAZY_RECORDS_TESTED_WINDOW:
+            return f"windows of {self.num_draft_tokens} tokens (the lazy kernels are tested up to {LAZY_RECORDS_TESTED_WINDOW})"
         if rawk.shape[-2] < 2 * self.num_draft_tokens:
             return f"ring length {rawk.shape[-2]} < 2 windows"
         from sglang.srt.runtime_context import get_disagg, get_memory, get_parallel, get_schedule, get_serving

@@ -23,6 +23,9 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)  # q/k/v/a/b, conv state, ri
 # The lazy record ring runs for verify windows up to this many tokens (1 + gamma): above, its
 # verify cost more than it saved on the H200 (docs/lazy-flush.md, 2026-12-02)
 LAZY_RECORDS_MAX_WINDOW = 4
+# SGLANG_DSPARK_LAZY_RECORDS=all takes windows up to this many tokens: the lazy kernels are tested
+# (against float64, through flushes) up to 16-token windows
+LAZY_RECORDS_TESTED_WINDOW = 16
 
 # --- environment variables --------------------------------------------------------------------
 
@@ -42,7 +45,7 @@ ENV_VARS = {
     "source checkout, else the user cache)",
     LAZY_RECORDS_ENV: "0 = fold every commit under --enable-linear-replayssm-spec instead of the lazy record "
     "ring (default on where it is safe and faster: docs/lazy-flush.md); all = also for verify windows above "
-    "LAZY_RECORDS_MAX_WINDOW tokens (correct, not yet shown faster: for measuring them)",
+    "LAZY_RECORDS_MAX_WINDOW tokens, up to 16 (correct, not yet shown faster: for measuring them)",
 }
 
 

@@ -592,6 +592,21 @@ def test_lazy_record_ring_guards():
             pool.replayssm_write_pos = saved
         assert reason is not None and "conv bias" in reason
 
+        # SGLANG_DSPARK_LAZY_RECORDS=all: windows up to the tested 16 tokens, not beyond
+        saved, pool.replayssm_write_pos = pool.replayssm_write_pos, None
+        try:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("SGLANG_DSPARK_LAZY_RECORDS", "all")
+                linear.num_draft_tokens = 17
+                reason = linear._lazy_records_off_reason(pool, setup.runner)
+                assert reason is not None and "tested up to 16" in reason
+                linear.num_draft_tokens = 16  # passes the window checks; the ring (16 rows) is too short
+                reason = linear._lazy_records_off_reason(pool, setup.runner)
+                assert reason is not None and "ring length 16 < 2 windows" in reason
+        finally:
+            linear.num_draft_tokens = window
+            pool.replayssm_write_pos = saved
+
         # met at verify time (no model to scan here), a fallback raises instead of mixing paths
         setup.layer.bias = torch.zeros(D)
         mixed_qkv, a, b = setup.tokens(NUM_REQ * window)
