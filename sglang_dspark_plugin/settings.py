@@ -44,8 +44,9 @@ ENV_VARS = {
     TINY_DIR_ENV: "where harness/tiny_models.py writes the tiny test models (default: configs/ of a "
     "source checkout, else the user cache)",
     LAZY_RECORDS_ENV: "0 = fold every commit under --enable-linear-replayssm-spec instead of the lazy record "
-    "ring (default on where it is safe and faster: docs/lazy-flush.md); all = also for verify windows above "
-    "LAZY_RECORDS_MAX_WINDOW tokens, up to 16 (correct, not yet shown faster: for measuring them)",
+    "ring (default on where it is safe and faster: docs/lazy-flush.md); all = also for verify windows of "
+    f"{LAZY_RECORDS_MAX_WINDOW + 1}-{LAZY_RECORDS_TESTED_WINDOW} tokens (correct, not yet shown faster: for "
+    "measuring them)",
 }
 
 

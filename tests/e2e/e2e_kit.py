@@ -8,6 +8,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -178,6 +179,13 @@ def generate(server: SGLangServer, prompt: str, max_tokens: int = MAX_TOKENS) ->
         "/generate",
         {"text": prompt, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}},
     )
+
+
+def generate_all_at_once(server: SGLangServer, prompts=PROMPTS) -> Dict[str, dict]:
+    """/generate for every prompt, all sent at once (one batch when they fit the running limit)."""
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        futures = {p: pool.submit(generate, server, p) for p in prompts}
+        return {p: f.result(timeout=900) for p, f in futures.items()}
 
 
 def completion(server: SGLangServer, prompt: str, max_tokens: int = MAX_TOKENS) -> dict:

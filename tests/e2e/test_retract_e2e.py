@@ -18,13 +18,11 @@ SGLang's (the session's baseline, no speculation, no retraction); SGLang reports
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
 from sglang_dspark_plugin.harness.serving import tiny_model_args
 
-from e2e_kit import MAX_TOKENS, PROMPTS, assert_served_by_plugin, generate, start_server, stop_server
+from e2e_kit import MAX_TOKENS, assert_served_by_plugin, generate_all_at_once, start_server, stop_server
 
 pytestmark = pytest.mark.e2e
 
@@ -43,9 +41,7 @@ def retracting(request, baseline):
     args = tiny_model_args(gamma, attention_backend="dspark", replayssm=replayssm, extra=extra)
     server = start_server(request.param, args, env={"SGLANG_TEST_RETRACT": "1"})
     try:
-        with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
-            futures = {p: pool.submit(generate, server, p) for p in PROMPTS}
-            results = {p: f.result(timeout=900) for p, f in futures.items()}
+        results = generate_all_at_once(server)
         yield server, results, kernels, mark
     finally:
         stop_server(server)

@@ -31,7 +31,6 @@ PyNccl on CPU process groups) and the launcher sets ``SGLANG_CPU_OMP_THREADS_BIN
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Dict, List
 
@@ -46,6 +45,7 @@ from e2e_kit import (
     assert_served_by_plugin,
     chat,
     generate,
+    generate_all_at_once,
     start_server,
     stop_server,
 )
@@ -82,12 +82,6 @@ CONFIGS = [
 ]
 
 
-def _generate_all_at_once(server) -> Dict[str, dict]:
-    with ThreadPoolExecutor(max_workers=len(PROMPTS)) as pool:
-        futures = {p: pool.submit(generate, server, p) for p in PROMPTS}
-        return {p: f.result(timeout=900) for p, f in futures.items()}
-
-
 @pytest.fixture(scope="module")
 def stock_tp2(baseline) -> Dict[str, List[int]]:
     """Greedy output ids of stock SGLang (no speculation, ``triton`` backend) at TP=2."""
@@ -112,7 +106,7 @@ def tp2(request, stock_tp2):
     config: TPConfig = request.param
     server = start_server(config.name, config.args())
     try:
-        results = _generate_all_at_once(server)
+        results = generate_all_at_once(server)
         yield config, server, results
     finally:
         stop_server(server)

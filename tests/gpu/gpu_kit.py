@@ -79,8 +79,9 @@ class Served:
     ragged: str = "static"  # SGLANG_RAGGED_VERIFY_MODE
     sps_table: bool = False  # compact scheduler picks windows shorter than gamma + 1
     decode_ring: bool = False  # --enable-linear-replayssm: plain decode through SGLang's decode ring
-    eager_commit: bool = False  # SGLANG_DSPARK_LAZY_RECORDS=0: fold every commit (else the lazy record ring)
-    lazy_all: bool = False  # SGLANG_DSPARK_LAZY_RECORDS=all: the lazy record ring at any window too
+    # SGLANG_DSPARK_LAZY_RECORDS: None = the default (the lazy record ring where it is on by default),
+    # "0" = fold every commit, "all" = the lazy record ring at any window too
+    lazy_records: Optional[str] = None
 
     @property
     def id(self) -> str:
@@ -121,19 +122,17 @@ class Served:
 
     def env(self) -> Dict[str, str]:
         env = {"SGLANG_RAGGED_VERIFY_MODE": self.ragged} if self.gamma else {}
-        if self.eager_commit:
-            env["SGLANG_DSPARK_LAZY_RECORDS"] = "0"
-        if self.lazy_all:
-            env["SGLANG_DSPARK_LAZY_RECORDS"] = "all"
+        if self.lazy_records is not None:
+            env["SGLANG_DSPARK_LAZY_RECORDS"] = self.lazy_records
         return env
 
     @property
     def lazy(self) -> bool:
         """The lazy record ring runs: ReplaySSM with the default extra_buffer radix cache (the CPU
         dry run's no_buffer radix cache keeps it off) and windows up to LAZY_RECORDS_MAX_WINDOW
-        (any window with ``lazy_all``), unless switched off."""
-        return (self.replayssm and not self.eager_commit and not ON_CPU
-                and (self.lazy_all or self.gamma + 1 <= LAZY_RECORDS_MAX_WINDOW))
+        (any window with ``lazy_records="all"``), unless switched off."""
+        return (self.replayssm and self.lazy_records != "0" and not ON_CPU
+                and (self.lazy_records == "all" or self.gamma + 1 <= LAZY_RECORDS_MAX_WINDOW))
 
     def expected_kernels(self) -> List[str]:
         if self.backend != "dspark":
@@ -163,9 +162,9 @@ def configs(model: str) -> List[Served]:
                            ragged="compact", sps_table=True)
                 )  # fmt: skip
     if not ON_CPU:  # the fold-every-commit ring, next to the lazy record ring of the others
-        out.append(Served(model, "dspark-g3-replayssm-eager-static", "dspark", 3, True, eager_commit=True))
+        out.append(Served(model, "dspark-g3-replayssm-eager-static", "dspark", 3, True, lazy_records="0"))
         # 8-token windows on the lazy ring (off by default until they are shown faster)
-        out.append(Served(model, "dspark-g7-replayssm-lazy-all-static", "dspark", 7, True, lazy_all=True))
+        out.append(Served(model, "dspark-g7-replayssm-lazy-all-static", "dspark", 7, True, lazy_records="all"))
     if ON_CPU:  # dry run: one speculative configuration is enough
         out = out[:2] + out[3:4]
     return out
