@@ -66,6 +66,11 @@ KDA_KERNEL = re.compile(
 )
 
 
+# Host-side (Python) functions of the KDA path, ours and SGLang's, in a --profile-cpu trace.
+HOST_KDA = re.compile(r"sglang_dspark_plugin|kda_backend|hybrid_linear_attn_backend|update_mamba_state|"
+                      r"replayssm|linear/utils")
+
+
 @dataclass(frozen=True)
 class Config:
     name: str
@@ -194,34 +199,64 @@ def measure_level(base_url: str, prompts: List[List[int]], concurrency: int, out
     }
 
 
+def _union_us(intervals: List[tuple]) -> float:
+    """Total length of the union of ``(start, end)`` intervals (overlapping kernels count once)."""
+    busy, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return busy
+
+
 def kda_share(trace_dir: str) -> dict:
-    """Share of GPU kernel time in KDA-core kernels over every trace file under ``trace_dir``."""
+    """Share of GPU kernel time in KDA-core kernels over every trace file under ``trace_dir``, and how
+    busy the GPU was: ``gpu_busy_share`` = union of kernel intervals / span from the first kernel's
+    start to the last one's end (a served step far below 1 is host-bound, and kernel speed-ups
+    then barely move tokens/s). Host-side events (the second trace of ``--profile-cpu``) are summed
+    by name into ``host_top_us`` (nested events each count: an indication, not a partition)."""
     files = glob.glob(os.path.join(trace_dir, "**", "*.json*"), recursive=True)
-    total = kda = 0.0
+    total = kda = span = busy = 0.0
     names: Dict[str, float] = {}
+    host: Dict[str, float] = {}
     for path in files:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt") as f:
             events = json.load(f).get("traceEvents", [])
+        intervals = []
         for ev in events:
-            if ev.get("cat") != "kernel":
+            cat = ev.get("cat")
+            if cat in ("cpu_op", "user_annotation", "python_function"):
+                host[ev.get("name", "")] = host.get(ev.get("name", ""), 0.0) + float(ev.get("dur", 0.0))
+            if cat != "kernel":
                 continue
             dur = float(ev.get("dur", 0.0))
             total += dur
+            if "ts" in ev:
+                intervals.append((float(ev["ts"]), float(ev["ts"]) + dur))
             if KDA_KERNEL.search(ev.get("name", "")):
                 kda += dur
                 names[ev["name"]] = names.get(ev["name"], 0.0) + dur
+        if intervals:
+            span += max(b for _, b in intervals) - min(a for a, _ in intervals)
+            busy += _union_us(intervals)
     return {
         "trace_files": len(files),
         "kernel_us": total,
         "kda_us": kda,
         "kda_share": kda / total if total else None,
         "kda_kernels_us": dict(sorted(names.items(), key=lambda kv: -kv[1])[:12]),
+        "span_us": span,
+        "gpu_busy_us": busy,
+        "gpu_busy_share": busy / span if span else None,
+        "host_top_us": dict(sorted(host.items(), key=lambda kv: -kv[1])[:40]),
+        "host_kda_us": {k: v for k, v in sorted(host.items(), key=lambda kv: -kv[1]) if HOST_KDA.search(k)},
     }
 
 
-def profile(server: SGLangServer, args, out_dir: str) -> dict:
-    """Torch-profile ``--profile-steps`` forward steps under load at ``--profile-concurrency``.
+def profile(server: SGLangServer, args, out_dir: str, host: bool = False) -> dict:
+    """Torch-profile ``--profile-steps`` forward steps under load at ``--profile-concurrency``
+    (GPU kernels; with ``host``, also host-side ops and Python functions, which slow the host).
 
     The load (``4 x concurrency`` requests of ``--output-len`` tokens) outlasts the steps; if no trace appeared when it
     ends, ``/stop_profile`` writes it."""
@@ -231,7 +266,8 @@ def profile(server: SGLangServer, args, out_dir: str) -> dict:
     load = threading.Thread(target=measure_level, args=(server.base_url, prompts, c, args.output_len))
     load.start()
     time.sleep(1.0)  # past the first prefills, into steady decode / verify
-    _post_text(server, "/start_profile", {"output_dir": out_dir, "num_steps": args.profile_steps, "activities": ["GPU"]})
+    activities = ["CPU", "GPU"] if host else ["GPU"]
+    _post_text(server, "/start_profile", {"output_dir": out_dir, "num_steps": args.profile_steps, "activities": activities})
     load.join()
 
     def traces():
@@ -315,7 +351,7 @@ def render(result: dict) -> str:
     """Markdown table: tokens/s (x stock without speculation) and median ITL per concurrency."""
     levels = result["args"]["concurrency"]
     head = ["config"] + [f"c={c} tok/s" for c in levels] + [f"c={c} ITL ms" for c in levels]
-    head += ["accept length", "KDA share"]
+    head += ["accept length", "KDA share", "GPU busy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     stock = {lv["concurrency"]: lv["tokens_per_s"] for lv in result["runs"].get("stock", {}).get("levels", [])}
     for name, row in result["runs"].items():
@@ -330,8 +366,10 @@ def render(result: dict) -> str:
         itl = [f"{by_c[c]['median_itl_ms']:.2f}" for c in levels]
         accepts = [lv["accept_length"] for lv in row["levels"] if lv["accept_length"]]
         accept = f"{statistics.mean(accepts):.2f}" if accepts else "-"
-        share = (row.get("profile") or {}).get("kda_share")
-        lines.append("| " + " | ".join([name, *tps, *itl, accept, f"{share:.0%}" if share is not None else "-"]) + " |")
+        prof = row.get("profile") or {}
+        share, busy = prof.get("kda_share"), prof.get("gpu_busy_share")
+        lines.append("| " + " | ".join([name, *tps, *itl, accept, f"{share:.0%}" if share is not None else "-",
+                                        f"{busy:.0%}" if busy is not None else "-"]) + " |")
     return "\n".join(lines)
 
 
@@ -377,6 +415,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-concurrency", type=int, default=32)
     p.add_argument("--profile-steps", type=int, default=20)
+    p.add_argument("--profile-cpu", action="store_true",
+                   help="with --profile: a second trace with host-side ops and Python functions (finds host overhead)")  # fmt: skip
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--log-dir", default="/tmp/bench-serving")
     p.add_argument("--plot", default=None)
@@ -423,6 +463,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if args.profile and run.get("server"):
                     try:
                         run["profile"] = profile(run["server"], args, os.path.join(args.log_dir, f"profile-{name}"))
+                        if args.profile_cpu:  # a second trace: host tracing must not skew the GPU-busy share
+                            traced = profile(run["server"], args, os.path.join(args.log_dir, f"profile-host-{name}"), host=True)
+                            run["profile"]["host"] = {k: traced[k] for k in ("span_us", "host_top_us", "host_kda_us")}
                     except Exception as exc:  # noqa: BLE001 - the measured levels stay valid
                         run["profile"] = {"error": f"{type(exc).__name__}: {exc}"[-1000:]}
                     save()

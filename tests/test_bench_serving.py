@@ -37,6 +37,26 @@ def test_kda_share_counts_only_kda_core_kernels(tmp_path):
     }  # fmt: skip
 
 
+def test_gpu_busy_share_is_the_union_of_kernel_intervals_over_the_span(tmp_path):
+    # kernels at [0, 10), [5, 15) (overlapping: counted once), [40, 50): busy 25 of a 50 us span
+    events = [{"cat": "kernel", "name": n, "ts": ts, "dur": 10.0} for n, ts in (("a", 0.0), ("b", 5.0), ("c", 40.0))]
+    events += [{"cat": "cpu_op", "name": "aten::copy_", "ts": 16.0, "dur": 7.0},
+               {"cat": "cpu_op", "name": "aten::copy_", "ts": 30.0, "dur": 3.0},
+               {"cat": "user_annotation", "name": "commit", "ts": 15.0, "dur": 20.0},
+               {"cat": "python_function", "name": "sglang_dspark_plugin/commit.py(60): commit_verified_states",
+                "ts": 15.0, "dur": 4.0}]
+    with open(tmp_path / "t.trace.json", "w") as f:
+        json.dump({"traceEvents": events}, f)
+    share = bench_serving.kda_share(str(tmp_path))
+    assert share["kernel_us"] == pytest.approx(30.0)
+    assert share["span_us"] == pytest.approx(50.0)
+    assert share["gpu_busy_us"] == pytest.approx(25.0)
+    assert share["gpu_busy_share"] == pytest.approx(0.5)
+    assert share["host_top_us"] == {"commit": 20.0, "aten::copy_": 10.0,
+                                    "sglang_dspark_plugin/commit.py(60): commit_verified_states": 4.0}
+    assert share["host_kda_us"] == {"sglang_dspark_plugin/commit.py(60): commit_verified_states": 4.0}
+
+
 def test_summary_is_the_median_of_rounds_with_spread():
     samples = [
         {"tokens_per_s": tps, "median_itl_ms": itl, "median_ttft_ms": 10.0, "accept_length": acc}
@@ -55,11 +75,11 @@ def test_table_shows_speedup_over_stock_and_errors():
         "args": {"concurrency": [1, 8]},
         "runs": {
             "stock": {"levels": [level(1, 100.0), level(8, 400.0)]},
-            "dspark": {"levels": [level(1, 150.0), level(8, 400.0)], "profile": {"kda_share": 0.25}},
+            "dspark": {"levels": [level(1, 150.0), level(8, 400.0)], "profile": {"kda_share": 0.25, "gpu_busy_share": 0.6}},
             "stock-dspark": {"error": "ServerStartError: boom", "levels": []},
         },
     }
     table = bench_serving.render(result).splitlines()
     assert table[0].startswith("| config | c=1 tok/s | c=8 tok/s |")
-    assert "| dspark | 150 (1.50x) | 400 (1.00x) | 2.00 | 2.00 | - | 25% |" in table
+    assert "| dspark | 150 (1.50x) | 400 (1.00x) | 2.00 | 2.00 | - | 25% | 60% |" in table
     assert any(row.startswith("| stock-dspark | error: ServerStartError: boom") for row in table)
