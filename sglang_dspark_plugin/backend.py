@@ -13,12 +13,16 @@ for Kimi-style models served with ``--attention-backend dspark``. Per forward mo
 Lazy record ring (``--enable-linear-replayssm-spec``, docs/lazy-flush.md): where it is safe
 (:meth:`DSparkKDAAttnBackend._lazy_records_off_reason`), the pool's state is a checkpoint and the
 rings keep records of the accepted tokens since; the verify rebuilds its start state from them and
-flushes inside its state pass, and the commit only moves a per-slot cursor. The cursor is SGLang's
-own ``mamba_pool.replayssm_write_pos`` (allocated here, with the marker ``dspark_lazy_records``
-on the pool so that every backend on the pool agrees; SGLang allocates the cursor only for the
-decode ring): SGLang then resets it wherever a slot gets a new owner or a copied state (``alloc``,
-``copy_from``, loaded states). The corrected deltas go to the pool's ``replayssm_d`` /
-``replayssm_k``, which SGLang allocates and leaves unused under the speculative ring.
+flushes inside its state pass, and the commit only moves a per-slot cursor. The cursor
+(``mamba_pool.dspark_record_cursor``, allocated here, with the marker ``dspark_lazy_records`` on the
+pool so that every backend on the pool agrees) is reset in stream order by every prefill of its
+slot (:meth:`DSparkKDAAttnBackend._restart_records`): a slot becomes a request's working slot only
+through a prefill, and only working slots' cursors are read. It is not SGLang's decode cursor
+``replayssm_write_pos``: with that allocated, SGLang's ``HybridReqToTokenPool.alloc`` zeroes it at
+a 0-dim CUDA index, an ``.item()`` host sync per admitted request that stalls the overlap
+scheduler (docs/lazy-flush.md). The corrected deltas go to
+the pool's ``replayssm_d`` / ``replayssm_k``, which SGLang allocates and leaves unused under the
+speculative ring.
 
 Layers the fast path cannot take (head_dim != 128, unequal q/k/v head counts, conv width != 4,
 conv bias, non-fp32 recurrent state, fp16 activations, tree verify with topk > 1, FlashInfer
@@ -139,7 +143,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             )
         # Which verify implementation ran last: the commit must match it.
         self.last_verify_used_plugin = False
-        # The lazy record ring's cursor (the pool's replayssm_write_pos), or None: fold every commit.
+        # The lazy record ring's cursor (the pool's dspark_record_cursor), or None: fold every commit.
         self.record_cursor: Optional[torch.Tensor] = None
         self._init_lazy_records(model_runner)
 
@@ -156,9 +160,9 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         from sglang.srt.mem_cache.memory_pool import MambaPool
 
         if type(mamba_pool) is not MambaPool:
-            return f"pool type {type(mamba_pool).__name__} (the cursor's resets are MambaPool's)"
+            return f"pool type {type(mamba_pool).__name__} (the lazy ring is checked on SGLang's MambaPool only)"
         if getattr(mamba_pool, "replayssm_write_pos", None) is not None:
-            return "the pool's replayssm_write_pos is already in use"
+            return "SGLang's decode ring is on (its replayssm_write_pos is allocated; it uses the delta rings)"
         model = getattr(model_runner, "model", None)
         for layer in model.modules() if isinstance(model, torch.nn.Module) else ():
             if isinstance(layer, RadixLinearAttention):
@@ -209,7 +213,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             return  # no speculative KDA ring: nothing to decide
         decided = getattr(mamba_pool, "dspark_lazy_records", None)
         if decided is not None:  # another backend on the same pool decided: verify and commit must agree
-            self.record_cursor = mamba_pool.replayssm_write_pos if decided else None
+            self.record_cursor = mamba_pool.dspark_record_cursor if decided else None
             return
         reason = self._lazy_records_off_reason(mamba_pool, model_runner)
         mamba_pool.dspark_lazy_records = reason is None
@@ -217,16 +221,17 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             logger.info("dspark: lazy record ring off: %s; every commit folds the accepted tokens", reason)
             return
         temporal = mamba_pool.mamba_cache.temporal
-        mamba_pool.replayssm_write_pos = torch.zeros(temporal.shape[1], dtype=torch.int32, device=temporal.device)
-        self.record_cursor = mamba_pool.replayssm_write_pos
+        mamba_pool.dspark_record_cursor = torch.zeros(temporal.shape[1], dtype=torch.int32, device=temporal.device)
+        self.record_cursor = mamba_pool.dspark_record_cursor
         logger.info("dspark: lazy record ring on (ring length %d)", mamba_pool.mamba_cache.replayssm_rawk.shape[-2])
 
     def _restart_records(self, forward_batch) -> None:
-        """A prefill starts its slots' records afresh, in stream order: SGLang's reset at alloc runs
-        on the scheduler's stream and may land before an in-flight commit of the slot's previous
-        owner (overlap scheduler). Extends never continue from pending records here (mixed chunks
-        and streaming sessions keep the lazy ring off). Called from every eager metadata hook of
-        an extend: the eager path, the breakable prefill graph's refresh and the full graph's."""
+        """A prefill starts its slots' records afresh, in stream order (after any in-flight commit of
+        the slot's previous owner under the overlap scheduler, and after a prefix-cache copy into
+        the slot): the cursor's only reset, since a slot becomes a request's working slot only
+        through a prefill. Extends never continue from pending records here (mixed chunks and
+        streaming sessions keep the lazy ring off). Called from every eager metadata hook of an
+        extend: the eager path, the breakable prefill graph's refresh and the full graph's."""
         mode = forward_batch.forward_mode
         if (self.record_cursor is None or not mode.is_extend() or mode.is_target_verify()
                 or mode.is_draft_extend_v2()):

@@ -473,7 +473,10 @@ def test_lazy_record_ring_through_sglang(dtype, window, caplog, monkeypatch):
     try:
         assert "lazy record ring on (ring length 16)" in caplog.text
         cursor = setup.linear.record_cursor
-        assert cursor is setup.runner.req_to_token_pool.mamba_pool.replayssm_write_pos
+        pool = setup.runner.req_to_token_pool.mamba_pool
+        assert cursor is pool.dspark_record_cursor
+        # SGLang's decode cursor stays unallocated: its alloc-time reset would host-sync per request
+        assert pool.replayssm_write_pos is None
         L = setup.cache.replayssm_rawk.shape[-2]
         rng = random.Random(5)
         s0, c0 = setup.state()
@@ -584,16 +587,11 @@ def test_lazy_record_ring_guards():
             head_v_dim=128, conv_weights=setup.layer.conv_weights, bias=torch.zeros(D), activation="silu",
             A_log=setup.layer.A_log, dt_bias=setup.layer.dt_bias,
         )
-        saved, pool.replayssm_write_pos = pool.replayssm_write_pos, None
-        try:
-            reason = linear._lazy_records_off_reason(pool, SimpleNamespace(model=torch.nn.ModuleList([biased]),
-                                                                           dtype=DTYPE))
-        finally:
-            pool.replayssm_write_pos = saved
+        reason = linear._lazy_records_off_reason(pool, SimpleNamespace(model=torch.nn.ModuleList([biased]),
+                                                                       dtype=DTYPE))
         assert reason is not None and "conv bias" in reason
 
         # SGLANG_DSPARK_LAZY_RECORDS=all: windows up to the tested 16 tokens, not beyond
-        saved, pool.replayssm_write_pos = pool.replayssm_write_pos, None
         try:
             with pytest.MonkeyPatch.context() as mp:
                 mp.setenv("SGLANG_DSPARK_LAZY_RECORDS", "all")
@@ -605,7 +603,6 @@ def test_lazy_record_ring_guards():
                 assert reason is not None and "ring length 16 < 2 windows" in reason
         finally:
             linear.num_draft_tokens = window
-            pool.replayssm_write_pos = saved
 
         # met at verify time (no model to scan here), a fallback raises instead of mixing paths
         setup.layer.bias = torch.zeros(D)
@@ -615,5 +612,44 @@ def test_lazy_record_ring_guards():
         setup.layer.bias = None
         with pytest.raises(DSparkError, match="DSPARK-E209"):
             setup.run(ForwardMode.DECODE, [1] * NUM_REQ, *setup.tokens(NUM_REQ))
+    finally:
+        setup.close()
+
+
+def test_lazy_record_ring_admits_requests_without_a_host_sync():
+    """Admitting a request under the lazy record ring makes no host sync: SGLang's
+    ``HybridReqToTokenPool.alloc`` runs no ``.item()`` (``aten._local_scalar_dense``, a device
+    sync on CUDA that stalls the overlap scheduler). With SGLang's decode cursor
+    ``replayssm_write_pos`` allocated (the lazy ring's first cursor), it zeroed it at a 0-dim slot
+    index, one ``.item()`` per request: that is checked here too, so the test fails if the cursor
+    moves back."""
+    from types import SimpleNamespace
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ScalarReads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func is torch.ops.aten._local_scalar_dense.default
+            return func(*args, **(kwargs or {}))
+
+    def admit(pool, n):
+        reqs = [SimpleNamespace(kv=SimpleNamespace(
+            holds_kv=False, kv_allocated_len=0, req_pool_idx=None, holds_mamba=False, mamba_pool_idx=None,
+            mamba_needs_clear=False, mamba_ping_pong_track_buffer=None)) for _ in range(n)]
+        with ScalarReads() as reads:
+            assert pool.alloc(reqs) is not None
+        return reads.count
+
+    setup = Setup(window=4, replayssm=True, seed=4, disable_radix_cache=True)
+    try:
+        pool = setup.runner.req_to_token_pool
+        assert setup.linear.record_cursor is not None
+        assert admit(pool, 1) == 0
+        pool.mamba_pool.replayssm_write_pos = torch.zeros_like(setup.linear.record_cursor)
+        assert admit(pool, 1) == 1  # SGLang's decode cursor: one .item() per admitted request
     finally:
         setup.close()

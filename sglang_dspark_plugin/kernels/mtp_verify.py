@@ -282,7 +282,7 @@ def mtp_verify(
     record_cursor : torch.Tensor, optional
         Lazy record ring (ring mode; docs/lazy-flush.md): ``[slots]`` int32, ``p`` = the records of
         accepted tokens a slot holds in ring rows ``[0, p)`` that ``ssm_state[slot]`` (the
-        checkpoint) does not yet include; SGLang's ``replayssm_write_pos``. Read only here (the
+        checkpoint) does not yet include (the pool's ``dspark_record_cursor``). Read only here (the
         commit moves it, :func:`sglang_dspark_plugin.kernels.record_ring.commit_records`). The window starts from
         the checkpoint carried over those records; when it would not fit behind them
         (``p + 1 + num_spec > L``) that state is written to ``ssm_state[slot]`` first (a flush) and

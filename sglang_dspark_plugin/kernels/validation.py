@@ -397,7 +397,7 @@ def check_lazy_ring(record_cursor, ring_delta, ring_rawk, slots: int, ring: bool
         raise dspark_error(
             E_MODE, "record_cursor/ring_delta", expected="both (lazy record ring) or neither",
             got="only record_cursor" if ring_delta is None else "only ring_delta",
-            fix="pass the pool's replayssm_write_pos with the delta ring(s), or neither",
+            fix="pass the pool's dspark_record_cursor with the delta ring(s), or neither",
         )
     if record_cursor is None:
         return None
