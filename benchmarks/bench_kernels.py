@@ -541,7 +541,11 @@ def check_buffered_decode(up, H, ours=True):
             carried = torch.stack([R.buffered_decode_state_ref(pool["state"], pool["dr_d"], pool["dr_k"],
                                                                pool["dr_g"], int(sl), rows) for sl in slots])
             end_err = rel_err(carried, ssm_r[slots.long()])
-            record(name, 1, err <= 2e-2 and flushed_err <= 1e-3 and end_err <= 1e-3,
+            # sglang's kernel rounds the ring rows to the activation dtype for its reconstruction
+            # tl.dot (bf16 tensor cores; "~1e-3 bf16 ... benign" in its source), by design: its state
+            # bound is the bf16 unit roundoff 2^-8; ours keeps fp32 rows and tf32x3 dots: 1e-3
+            state_tol = 2.0**-8 if name.startswith("up_") else 1e-3
+            record(name, 1, err <= 2e-2 and flushed_err <= state_tol and end_err <= state_tol,
                    out=err, flushed_state=flushed_err, carried_state=end_err)
         except Exception as ex:  # noqa: BLE001
             record(name, 1, False, error=repr(ex)[:300])
