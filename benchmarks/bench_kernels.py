@@ -710,9 +710,12 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
                         None if ok("up_fla_decode", 1) else "check failed"))
         if "dr_d" in pool:  # two ring lengths of steps per instance, so the flushes are paid
             ring_steps = range(2 * DECODE_RING)
-            out.append(("decode_buffered", "ours", None,
-                        [lambda i=i, s_=s_: ours_buffered_decode(i, pool, s_, {}) for s_ in ring_steps for i in insts],
-                        None if ok("decode_buffered", 1) else "check failed"))
+            # the default launch, and the plain decode's 1-warp tile it used until 2026-12-02 (spills)
+            for cfg in ({}, {"block_v": 32, "num_warps": 1}):
+                out.append(("decode_buffered", "ours", cfg or None,
+                            [lambda i=i, s_=s_, c=cfg: ours_buffered_decode(i, pool, s_, c)
+                             for s_ in ring_steps for i in insts],
+                            None if ok("decode_buffered", 1) else "check failed"))
             if up.has("conv", "replayssm_decode"):
                 out.append(("up_decode_buffered", "sglang", None,
                             [lambda i=i, s_=s_: up.buffered_decode(i, pool, s_) for s_ in ring_steps for i in insts],

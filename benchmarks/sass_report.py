@@ -8,6 +8,7 @@ answered here before spending device time (docs/benchmarks.md, fourth session)::
     python3 benchmarks/sass_report.py verify-prep --T 16 --block-k 32 --warps 1
     python3 benchmarks/sass_report.py verify-stream --T 8 --finish --block-v 64 --warps 2 --lines 15
     python3 benchmarks/sass_report.py fold --block-v 16 --warps 1 --lines 15
+    python3 benchmarks/sass_report.py decode --buffered --block-v 32 --warps 1
 
 Counts are static (instructions in the binary, loop bodies once): compare variants of one kernel,
 not kernels with each other.
@@ -29,8 +30,9 @@ from triton.compiler import ASTSource
 
 from sglang_dspark_plugin.kernels import mtp_verify_chunked, record_ring
 
-# the package exports the wrapper function under the module's name
+# the package exports the wrapper functions under the modules' names
 replayssm_fold = importlib.import_module("sglang_dspark_plugin.kernels.replayssm_fold")
+decode_kernels = importlib.import_module("sglang_dspark_plugin.kernels.decode")
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 H200 = GPUTarget("cuda", 90, 32)
@@ -40,7 +42,7 @@ H200 = GPUTarget("cuda", 90, 32)
 ACT = ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "out_ptr", "conv_ptr", "icw_ptr", "rk_ptr", "rv_ptr")
 TYPES = {**{n: "*bf16" for n in ACT}, **{n: "*i32" for n in ("slot_ptr", "cu_ptr", "irow_ptr", "acc_ptr", "tslot_ptr",
                                                                "tstep_ptr", "cur_ptr", "src_ptr",
-                                                               "cnt_ptr", "dst_ptr")},
+                                                               "cnt_ptr", "dst_ptr", "wp_ptr", "ff_ptr")},
          "rd_hi_ptr": "*i16", "rd_lo_ptr": "*i16",
          "wss_ptr": "*fp64", "lower_bound": "fp32", "scale": "fp32"}
 
@@ -110,7 +112,7 @@ def loads_after_first_store(order: str) -> int:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=("verify-prep", "verify-finish", "verify-stream", "fold", "materialize"))
+    ap.add_argument("kernel", choices=("verify-prep", "verify-finish", "verify-stream", "fold", "materialize", "decode"))
     ap.add_argument("--T", type=int, default=4, help="window length 1 + num_spec")
     ap.add_argument("--block-k", type=int, default=None, help="prep: channels per program; stream: K-chunk")
     ap.add_argument("--block-v", type=int, default=None, help="stream (128) / fold (16): V rows per program")
@@ -120,13 +122,19 @@ def main(argv=None) -> dict:
                     "(16-row record tiles, deltas as 16-bit halves)")
     ap.add_argument("--warps", type=int, default=None)
     ap.add_argument("--no-conv", action="store_true", help="fold: without the conv-state roll")
+    ap.add_argument("--buffered", action="store_true", help="decode: through SGLang's decode ring (16 rows)")
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--lines", type=int, default=0, help="also list the N source lines with the most SASS")
     a = ap.parse_args(argv)
     TP = max(2, triton.next_power_of_2(a.T))
     common = dict(STEPS=a.T, TP=TP, ACT_BF16=True, USE_PDL=False)
     lazy = dict(LAZY=a.lazy, LP=16)
-    if a.kernel == "materialize":
+    if a.kernel == "decode":
+        fn = decode_kernels._decode_kernel
+        warps, common = a.warps or 1, dict(USE_PDL=False)
+        const = dict(common, BV=a.block_v or 32, ACT_BF16=True, USE_LB=True, BUFFERED=a.buffered, LP=16,
+                     HAS_FORCE_FLUSH=False, DOT_PREC="tf32x3")
+    elif a.kernel == "materialize":
         fn, warps, common = record_ring._materialize_records_kernel, a.warps or 4, dict(USE_PDL=False)
         const = dict(common, BV=a.block_v or 32, LP=16, SPLIT_D=True, DOT_PREC="tf32x3")
     elif a.kernel == "fold":  # the window length is a runtime value there
@@ -143,7 +151,7 @@ def main(argv=None) -> dict:
         const = dict(common, BV=a.block_v or 128, BK=a.block_k or 32, NC=128 // a.prep_block_k, FINISHED=a.finish,
                      DOT_PREC="tf32x3", SPLIT_D=a.lazy, **lazy)
     r = report(compile_sm90(fn, const, warps, a.stages), a.lines)
-    print(f"{a.kernel}{'' if a.kernel == 'fold' else f' T={a.T}'} {', '.join(f'{k}={v}' for k, v in const.items() if k not in common)} warps={warps} "
+    print(f"{a.kernel}{'' if a.kernel in ('fold', 'decode') else f' T={a.T}'} {', '.join(f'{k}={v}' for k, v in const.items() if k not in common)} warps={warps} "
           f"stages={a.stages}: {r['registers']} registers, {r['stack']} B stack, {r['shared']} B shared, "
           f"{r['sass']} SASS instructions")
     print("  " + ", ".join(f"{k} {v}" for k, v in r["ops"].most_common(12)))

@@ -239,7 +239,7 @@ def decode(
     buffered = dict(ring_d=ring_d, ring_k=ring_k, ring_g=ring_g, write_pos=write_pos) if L else {}
     V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
                    ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, out=out, **buffered)
-    cfg = LC.decode(H, B)
+    cfg = LC.decode(H, B, buffered=bool(L))
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
     if L and BV < 16:
         raise V.dspark_error(V.E_BLOCK_V, "block_v", expected="block_v >= 16 in buffered decode (tl.dot tile)",

@@ -57,3 +57,5 @@ def test_fold_and_decode_configs_are_valid(table):
                 assert f["block_v"] >= f["num_warps"]
             d = LC.decode(H, N)
             assert d["block_v"] in POW2 and d["num_warps"] in (1, 2, 4, 8)
+            buffered = LC.decode(H, N, buffered=True)
+            assert buffered["block_v"] >= 16  # the ring's tl.dot tile

@@ -1,7 +1,8 @@
 """benchmarks/sass_report.py: the chunked-verify kernels (plain and with the lazy record ring), the
-fold and the records' materialisation compile for sm_90 on a machine
+fold, the records' materialisation and decode (plain and buffered) compile for sm_90 on a machine
 without a GPU (Triton's bundled ptxas), and the launch table's configurations (verify at 4-token
-windows, the finish and finished streaming kernels of longer windows, the fold's 16-row tiles) do so
+windows, the finish and finished streaming kernels of longer windows, the fold's 16-row tiles,
+decode's tiles) do so
 without register spills (docs/benchmarks.md); the prep and the fold issue their loads before their
 first store (no serial memory round trips; sixth session)."""
 
@@ -49,8 +50,11 @@ def _loads_after_first_store(*args):
     ("verify-stream", "--T", "8", "--finish", "--block-v", "64", "--warps", "4", "--lazy"),
     ("verify-finish", "--T", "8", "--prep-block-k", "32", "--warps", "1", "--lazy"),
     ("materialize", "--block-v", "32", "--warps", "4"),
+    ("decode", "--block-v", "128", "--warps", "4"),
+    ("decode", "--block-v", "32", "--warps", "1"),
+    ("decode", "--buffered", "--block-v", "32", "--warps", "4"),
 ], ids=["prep", "stream", "stream-finished", "finish", "fold", "lazy-prep", "lazy-stream", "lazy-stream-finished",
-        "lazy-finish", "materialize"])
+        "lazy-finish", "materialize", "decode-small-batch", "decode", "decode-buffered"])
 def test_table_configs_compile_without_spills(args):
     regs, stack, sass = _report(*args)
     assert 0 < regs <= 255 and sass > 100
