@@ -616,33 +616,44 @@ def test_lazy_record_ring_guards():
         setup.close()
 
 
+class _HostSyncs:
+    """Counts host reads of device values (``aten._local_scalar_dense``: ``.item()``, ``int(t)``,
+    a 0-dim tensor index; ``aten.nonzero``: boolean masks) in a block. On CUDA each is a device sync,
+    and under SGLang's overlap scheduler a sync makes the host wait for the step in flight."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.count += func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
+                return func(*args, **(kwargs or {}))
+
+        self.count, self._mode = 0, Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+
+
 def test_lazy_record_ring_admits_requests_without_a_host_sync():
     """Admitting a request under the lazy record ring makes no host sync: SGLang's
-    ``HybridReqToTokenPool.alloc`` runs no ``.item()`` (``aten._local_scalar_dense``, a device
-    sync on CUDA that stalls the overlap scheduler). With SGLang's decode cursor
+    ``HybridReqToTokenPool.alloc`` reads no device value. With SGLang's decode cursor
     ``replayssm_write_pos`` allocated (the lazy ring's first cursor), it zeroed it at a 0-dim slot
     index, one ``.item()`` per request: that is checked here too, so the test fails if the cursor
     moves back."""
     from types import SimpleNamespace
 
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class ScalarReads(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.count += func is torch.ops.aten._local_scalar_dense.default
-            return func(*args, **(kwargs or {}))
-
     def admit(pool, n):
         reqs = [SimpleNamespace(kv=SimpleNamespace(
             holds_kv=False, kv_allocated_len=0, req_pool_idx=None, holds_mamba=False, mamba_pool_idx=None,
             mamba_needs_clear=False, mamba_ping_pong_track_buffer=None)) for _ in range(n)]
-        with ScalarReads() as reads:
+        with _HostSyncs() as syncs:
             assert pool.alloc(reqs) is not None
-        return reads.count
+        return syncs.count
 
     setup = Setup(window=4, replayssm=True, seed=4, disable_radix_cache=True)
     try:
@@ -651,5 +662,26 @@ def test_lazy_record_ring_admits_requests_without_a_host_sync():
         assert admit(pool, 1) == 0
         pool.mamba_pool.replayssm_write_pos = torch.zeros_like(setup.linear.record_cursor)
         assert admit(pool, 1) == 1  # SGLang's decode cursor: one .item() per admitted request
+    finally:
+        setup.close()
+
+
+@pytest.mark.parametrize("ring", ["lazy", "fold"])
+def test_speculative_step_makes_no_host_sync(ring):
+    """One speculative step through the plugin, verify and commit (with and without a radix track
+    snapshot), reads no device value on the host: under the overlap scheduler it never makes the
+    host wait for the GPU. (SGLang's own snapshot commit, which the snapshot mode uses, does.)"""
+    setup = Setup(window=4, replayssm=True, seed=5, disable_radix_cache=ring == "lazy")
+    try:
+        assert (setup.linear.record_cursor is not None) == (ring == "lazy")
+        for track in (True, False):
+            mixed_qkv, a, b = setup.tokens(NUM_REQ * 4)
+            with _HostSyncs() as syncs:
+                setup.verify(mixed_qkv, a, b)
+                setup.hybrid.update_mamba_state_after_mtp_verify(
+                    torch.tensor([0, 1, 3]), torch.tensor([POOL, 0, 0]) if track else None,
+                    torch.tensor([0, -1, -1]) if track else None, model=None)
+            assert setup.linear.last_verify_used_plugin
+            assert syncs.count == 0, (ring, track)
     finally:
         setup.close()
