@@ -21,6 +21,7 @@ import torch
 from sglang.srt.layers.radix_linear_attention import RadixLinearAttention
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sglang_kit import KDARunner, bind_requests, dflash_verify_input, make_forward_batch
 from sglang_dspark_plugin.errors import DSparkError
@@ -616,27 +617,21 @@ def test_lazy_record_ring_guards():
         setup.close()
 
 
-class _HostSyncs:
+class _HostSyncs(TorchDispatchMode):
     """Counts host reads of device values (``aten._local_scalar_dense``: ``.item()``, ``int(t)``,
-    a 0-dim tensor index; ``aten.nonzero``: boolean masks) in a block. On CUDA each is a device sync,
-    and under SGLang's overlap scheduler a sync makes the host wait for the step in flight."""
+    a 0-dim tensor index; ``aten.nonzero``: boolean masks) in a ``with`` block. On CUDA each is a
+    device sync, and under SGLang's overlap scheduler a sync makes the host wait for the step in
+    flight."""
 
-    def __enter__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
+    SYNCS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
 
-        counter = self
+    def __init__(self):
+        super().__init__()
+        self.count = 0
 
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                counter.count += func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
-                return func(*args, **(kwargs or {}))
-
-        self.count, self._mode = 0, Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._mode.__exit__(*exc)
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.SYNCS
+        return func(*args, **(kwargs or {}))
 
 
 def test_lazy_record_ring_admits_requests_without_a_host_sync():
