@@ -115,13 +115,9 @@ def copy_bandwidth(quick):
 # timing
 # ----------------------------------------------------------------------------------------------
 
-def time_graph(calls, rep_ms):
-    """Median µs per call of ``calls`` (zero-arg callables) captured in one CUDA graph."""
-    if INTERPRET:
-        t0 = time.time()
-        for c in calls:
-            c()
-        return (time.time() - t0) * 1e6 / len(calls)
+def capture_graph(calls):
+    """``calls`` (zero-arg callables) run once outside (compile, autotune), then captured in one
+    CUDA graph, replayed once; returns the graph."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -135,9 +131,43 @@ def time_graph(calls, rep_ms):
             c()
     g.replay()
     sync()
+    return g
+
+
+def time_graph(calls, rep_ms):
+    """Median µs per call of ``calls`` (zero-arg callables) captured in one CUDA graph."""
+    if INTERPRET:
+        t0 = time.time()
+        for c in calls:
+            c()
+        return (time.time() - t0) * 1e6 / len(calls)
+    g = capture_graph(calls)
     ms = do_bench(g.replay, warmup=max(10, rep_ms // 4), rep=rep_ms, return_mode="median")
     del g
     return ms * 1e3 / len(calls)
+
+
+def kernel_breakdown(calls, replays=5):
+    """Device µs per call of each GPU kernel in ``calls`` (one CUDA graph, ``replays`` replays
+    under the torch profiler, L2 not flushed), largest first: where a step's time goes. Empty
+    under the interpreter (no device kernels)."""
+    if INTERPRET:
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+    g = capture_graph(calls)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            g.replay()
+        sync()
+    del g
+    per = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = getattr(e, "cuda_time_total", 0)
+        if us > 0:
+            per[e.key[:80]] = per.get(e.key[:80], 0.0) + us / (replays * len(calls))
+    return dict(sorted(per.items(), key=lambda kv: -kv[1]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -695,6 +725,10 @@ def rotations(N, H):
     return int(min(16, max(1, math.ceil(256 * 2**20 / S))))
 
 
+# rows that --kernel-profile breaks down by GPU kernel (whole steps and decodes, ours and upstream)
+PROFILED_KERNELS = ("step_", "up_step", "decode", "up_decode")
+
+
 def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
     """(kernel, who, cfg, calls, skip_reason) for every timing at one (H, N, T) point."""
     out = []
@@ -961,6 +995,12 @@ def run(args):
         try:
             us = time_graph(calls, rep)
             add(kernel, who, H, N, T, us, cfg)
+            if args.kernel_profile and not cfg and kernel.startswith(PROFILED_KERNELS):
+                try:  # a profiler failure must not cost the timing above
+                    rows[-1]["kernels_us"] = per = kernel_breakdown(calls)
+                    log("    per kernel (us per call): " + "; ".join(f"{k} {v:.1f}" for k, v in per.items()))
+                except Exception as ex:  # noqa: BLE001
+                    log(f"    per kernel: profiler failed: {type(ex).__name__}: {str(ex)[:200]}")
             return us
         except Exception as ex:  # noqa: BLE001
             add(kernel, who, H, N, T, None, cfg, note=f"error {type(ex).__name__}: {str(ex)[:200]}")
@@ -1188,6 +1228,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=8, help="processes that compile every kernel first (1 = none)")
     ap.add_argument("--budget", type=float, default=0, help="stop timing new points after this many seconds")
     ap.add_argument("--tag", default="", help="suffix of the output file names")
+    ap.add_argument("--kernel-profile", action="store_true",
+                    help="also break whole steps and decodes down by GPU kernel (torch profiler over the graph)")
     ap.add_argument("--wait-file", default=None, help="wait for this file to exist before timing")
     args = ap.parse_args()
     sys.exit(run(args))

@@ -28,8 +28,6 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.layers.attention.linear.utils import pp_spec_stable_rows_enabled
-
 from .kernels import replayssm_fold
 from .kernels.conv_window import copy_conv_windows
 from .kernels.record_ring import commit_records, materialize_records
@@ -60,6 +58,9 @@ def commit_verified_states(
     if not getattr(linear_backend, "last_verify_used_plugin", False):
         return None  # SGLang's verify ran: its commit must match
     lazy = getattr(linear_backend, "record_cursor", None) is not None  # (never with PP stable rows)
+    # imported here: the commit's kernel paths (and their GPU tests) need no SGLang
+    from sglang.srt.layers.attention.linear.utils import pp_spec_stable_rows_enabled
+
     if not lazy and pp_spec_stable_rows_enabled() and req_pool_indices is not None:
         return None
     pool = linear_backend.req_to_token_pool
