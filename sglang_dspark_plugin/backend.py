@@ -237,7 +237,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
                 or mode.is_draft_extend_v2()):
             return
         slots = self._translate_mamba_indices(self.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices))
-        self.record_cursor[slots.clamp(min=0).long()] = 0
+        self.record_cursor.index_fill_(0, slots.clamp(min=0).long(), 0)  # not `[i] = 0`: a host copy, a sync
 
     def init_forward_metadata(self, forward_batch):
         super().init_forward_metadata(forward_batch)

@@ -113,5 +113,7 @@ def _commit_lazy_records(cursor, caches, slots, rows, accept_lens, track_slots, 
         materialize_records(caches.temporal, caches.replayssm_rawk, caches.replayssm_g, caches.replayssm_beta,
                             delta_ring(caches), slots, base + track_steps + 1, dst)
         copy_conv_windows(conv, icw, dst, rows, track_steps)
-        cursor[dst.clamp(min=0).long()] = 0  # rows without a track write slot 0's, the padding slot
+        # rows without a track write slot 0's, the padding slot; index_fill_, not `cursor[i] = 0`,
+        # whose host-side 0 is copied to the GPU with a stream sync
+        cursor.index_fill_(0, dst.clamp(min=0).long(), 0)
     copy_conv_windows(conv, icw, slots, rows, accept_lens - 1)

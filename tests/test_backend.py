@@ -570,9 +570,11 @@ def test_lazy_record_ring_guards():
             parent = getattr(KDAAttnBackend, hook)
             try:  # the parent's graph bookkeeping needs real graph buffers: only the reset is checked
                 setattr(KDAAttnBackend, hook, lambda self, *a, **k: None)
-                getattr(linear, hook)(*(("meta", fb) if hook.startswith("refresh") else (fb,)))
+                with _HostSyncs() as syncs:
+                    getattr(linear, hook)(*(("meta", fb) if hook.startswith("refresh") else (fb,)))
             finally:
                 setattr(KDAAttnBackend, hook, parent)
+            assert syncs.count == syncs.scalar_assigns == 0, hook  # the reset: no host sync at a prefill either
             assert all(int(cursor[s]) == 0 for s in setup.slots), hook
             assert int(cursor[POOL]) == 3  # other slots keep their records
 
@@ -618,19 +620,27 @@ def test_lazy_record_ring_guards():
 
 
 class _HostSyncs(TorchDispatchMode):
-    """Counts host reads of device values (``aten._local_scalar_dense``: ``.item()``, ``int(t)``,
-    a 0-dim tensor index; ``aten.nonzero``: boolean masks) in a ``with`` block. On CUDA each is a
-    device sync, and under SGLang's overlap scheduler a sync makes the host wait for the step in
+    """Counts, in a ``with`` block, the ops that sync the host with the device on CUDA. ``count``:
+    host reads of device values (``aten._local_scalar_dense``: ``.item()``, ``int(t)``, a 0-dim
+    tensor index; ``aten.nonzero``: boolean masks). ``scalar_assigns``: Python scalars assigned
+    through a tensor index (``t[idx] = 0``: an ``index_put_`` whose 0-dim value PyTorch builds in
+    host memory and copies to a CUDA tensor with a stream sync, measured with
+    ``torch.cuda.set_sync_debug_mode`` on the H200 in ``tests/kernels/test_commit_host.py``;
+    ``index_fill_`` does not sync). On CPU both kinds look alike for host-side tensors (SGLang's
+    allocator keeps some), so ``scalar_assigns`` is checked only where every tensor is a device
+    one on a GPU. Under SGLang's overlap scheduler a sync makes the host wait for the step in
     flight."""
 
     SYNCS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
+    INDEX_PUTS = (torch.ops.aten.index_put_.default, torch.ops.aten.index_put.default)
 
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self.count = self.scalar_assigns = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += func in self.SYNCS
+        self.scalar_assigns += func in self.INDEX_PUTS and args[2].dim() == 0
         return func(*args, **(kwargs or {}))
 
 
@@ -677,6 +687,6 @@ def test_speculative_step_makes_no_host_sync(ring):
                     torch.tensor([0, 1, 3]), torch.tensor([POOL, 0, 0]) if track else None,
                     torch.tensor([0, -1, -1]) if track else None, model=None)
             assert setup.linear.last_verify_used_plugin
-            assert syncs.count == 0, (ring, track)
+            assert syncs.count == syncs.scalar_assigns == 0, (ring, track)
     finally:
         setup.close()

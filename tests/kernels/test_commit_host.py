@@ -72,7 +72,7 @@ def _calls():
             caches.temporal, caches.replayssm_rawk, caches.replayssm_g, caches.replayssm_beta, delta_ring(caches),
             a.slots, a.accept, a.track_slots),
         "copy_conv_windows": lambda: copy_conv_windows(conv, icw, a.slots, a.rows, a.accept - 1),
-        "cursor reset (index assign)": lambda: a.cursor.__setitem__(a.track_slots.clamp(min=0).long(), 0),
+        "cursor reset (index_fill_)": lambda: a.cursor.index_fill_(0, a.track_slots.clamp(min=0).long(), 0),
         "replayssm_fold (with track)": lambda: replayssm_fold(
             caches.temporal, caches.replayssm_rawv, caches.replayssm_rawk, caches.replayssm_g,
             caches.replayssm_beta, a.slots, a.accept, conv_state=conv, intermediate_conv=icw,
@@ -81,7 +81,7 @@ def _calls():
 
 
 CALL_NAMES = ["lazy commit (with track)", "lazy commit (no track)", "commit_records", "materialize_records",
-              "copy_conv_windows", "cursor reset (index assign)", "replayssm_fold (with track)"]
+              "copy_conv_windows", "cursor reset (index_fill_)", "replayssm_fold (with track)"]
 
 
 def _busy_gpu_cycles() -> int:
