@@ -55,7 +55,6 @@ from triton.testing import do_bench  # noqa: E402
 from kda_testutil import F64, make_problem, rel_err  # noqa: E402
 
 from sglang_dspark_plugin.kernels import decode, mtp_verify, replayssm_fold  # noqa: E402
-from sglang_dspark_plugin.kernels.conv_window import copy_conv_windows  # noqa: E402
 from sglang_dspark_plugin.kernels.record_ring import commit_records  # noqa: E402
 from sglang_dspark_plugin.kernels import reference as R  # noqa: E402
 
@@ -396,8 +395,8 @@ def ours_step_lazy(inst, pool, T, lz, acc):
                intermediate_conv=pool["icw"], intermediate_rows=inst["rows"], out=inst["out"],
                ring_rawv=lz["rv"], ring_rawk=lz["rk"], ring_g=lz["rg"], ring_beta=lz["rb"],
                record_cursor=lz["cursor"], ring_delta=(lz["hi"], lz["lo"]))
-    commit_records(lz["cursor"], inst["slots"], acc, steps=T, ring_len=lz["L"])
-    copy_conv_windows(pool["conv"][None], pool["icw"][None], inst["slots"], inst["rows"], acc - 1)
+    commit_records(lz["cursor"], inst["slots"], acc, pool["conv"][None], pool["icw"][None], inst["rows"],
+                   steps=T, ring_len=lz["L"])
 
 
 def ours_decode(inst, pool, cfg):

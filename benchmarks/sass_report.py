@@ -9,6 +9,7 @@ answered here before spending device time (docs/benchmarks.md, fourth session)::
     python3 benchmarks/sass_report.py verify-stream --T 8 --finish --block-v 64 --warps 2 --lines 15
     python3 benchmarks/sass_report.py fold --block-v 16 --warps 1 --lines 15
     python3 benchmarks/sass_report.py decode --buffered --block-v 32 --warps 1
+    python3 benchmarks/sass_report.py commit --T 4
 
 Counts are static (instructions in the binary, loop bodies once): compare variants of one kernel,
 not kernels with each other.
@@ -42,7 +43,8 @@ H200 = GPUTarget("cuda", 90, 32)
 ACT = ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "out_ptr", "conv_ptr", "icw_ptr", "rk_ptr", "rv_ptr")
 TYPES = {**{n: "*bf16" for n in ACT}, **{n: "*i32" for n in ("slot_ptr", "cu_ptr", "irow_ptr", "acc_ptr", "tslot_ptr",
                                                                "tstep_ptr", "cur_ptr", "src_ptr",
-                                                               "cnt_ptr", "dst_ptr", "wp_ptr", "ff_ptr")},
+                                                               "cnt_ptr", "dst_ptr", "wp_ptr", "ff_ptr",
+                                                               "cursor_ptr", "row_ptr", "tcount_ptr", "tdst_ptr")},
          "rd_hi_ptr": "*i16", "rd_lo_ptr": "*i16",
          "wss_ptr": "*fp64", "lower_bound": "fp32", "scale": "fp32"}
 
@@ -112,7 +114,8 @@ def loads_after_first_store(order: str) -> int:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=("verify-prep", "verify-finish", "verify-stream", "fold", "materialize", "decode"))
+    ap.add_argument("kernel", choices=("verify-prep", "verify-finish", "verify-stream", "fold", "materialize", "commit",
+                                       "decode"))
     ap.add_argument("--T", type=int, default=4, help="window length 1 + num_spec")
     ap.add_argument("--block-k", type=int, default=None, help="prep: channels per program; stream: K-chunk")
     ap.add_argument("--block-v", type=int, default=None, help="stream (128) / fold (16): V rows per program")
@@ -137,6 +140,9 @@ def main(argv=None) -> dict:
     elif a.kernel == "materialize":
         fn, warps, common = record_ring._materialize_records_kernel, a.warps or 4, dict(USE_PDL=False)
         const = dict(common, BV=a.block_v or 32, LP=16, SPLIT_D=True, DOT_PREC="tf32x3")
+    elif a.kernel == "commit":  # the lazy ring's commit: cursor, conv roll, track conv window
+        fn, warps, common = record_ring._commit_records_kernel, a.warps or 4, {}
+        const = dict(STEPS=a.T, RING_LEN=2 * a.T, HAS_TRACK=True, BLOCK=512)
     elif a.kernel == "fold":  # the window length is a runtime value there
         fn, warps, common = replayssm_fold._replayssm_fold_kernel, a.warps or 1, dict(USE_PDL=False)
         const = dict(common, BV=a.block_v or 16, CONV=not a.no_conv, TRACK=False)

@@ -47,7 +47,8 @@ from .errors import dspark_error
 from .kernels import decode, mtp_verify
 from .layout import as_dense_beta, as_dense_heads, densify_verify_batch, split_mixed_qkv
 from .settings import (ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM, LAZY_RECORDS_ENV, LAZY_RECORDS_MAX_WINDOW,
-                       LAZY_RECORDS_TESTED_WINDOW, lazy_records_any_window, lazy_records_enabled)
+                       LAZY_RECORDS_TESTED_WINDOW, lazy_records_any_window, lazy_records_enabled,
+                       lazy_records_setting)
 
 logger = logging.getLogger("sglang_dspark_plugin")
 
@@ -154,7 +155,10 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         docs/lazy-flush.md's: a path that would read a slot's state behind the plugin's back, or
         a KDA layer whose verify and commit would be SGLang's (they cannot continue from records)."""
         if not lazy_records_enabled():
-            return f"{LAZY_RECORDS_ENV}=0"
+            if lazy_records_setting() is None:
+                return (f"off by default ({LAZY_RECORDS_ENV}=1 turns it on; it is not yet faster in served "
+                        "tokens/s: docs/lazy-flush.md)")
+            return f"{LAZY_RECORDS_ENV}={lazy_records_setting()}"
         from sglang.srt.layers.attention.linear.utils import pp_spec_stable_rows_enabled
         from sglang.srt.layers.radix_linear_attention import RadixLinearAttention
         from sglang.srt.mem_cache.memory_pool import MambaPool

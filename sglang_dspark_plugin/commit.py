@@ -102,18 +102,14 @@ def commit_verified_states(
 
 
 def _commit_lazy_records(cursor, caches, slots, rows, accept_lens, track_slots, track_steps, *, steps: int) -> None:
-    """The lazy record ring's commit, all layers: cursor advance, the radix track snapshot (state
-    materialised from the checkpoint and records, conv window of the same step; the track slot's
-    own cursor reset: it holds a materialised state) and the conv roll to the last accepted token."""
-    conv, icw = caches.conv[0], caches.intermediate_conv_window[0]
-    base = commit_records(cursor, slots, accept_lens, steps=steps, ring_len=caches.replayssm_rawk.shape[-2])
-    if track_slots is not None:
-        take = (track_steps >= 0) & (track_steps < accept_lens) & (slots >= 0) & (track_slots >= 0)
-        dst = torch.where(take, track_slots, torch.full_like(track_slots, -1))
+    """The lazy record ring's commit, all layers: one launch for the cursor advance and the conv
+    roll to the last accepted token (and the radix track snapshot's conv window and cursor reset),
+    one more for the track snapshot's state, materialised from the checkpoint and the records.
+    Few host ops: the served model is partly host-bound (docs/lazy-flush.md)."""
+    track = commit_records(cursor, slots, accept_lens, caches.conv[0], caches.intermediate_conv_window[0], rows,
+                           steps=steps, ring_len=caches.replayssm_rawk.shape[-2], track_slot_indices=track_slots,
+                           track_steps=track_steps)
+    if track is not None:
+        counts, dst = track
         materialize_records(caches.temporal, caches.replayssm_rawk, caches.replayssm_g, caches.replayssm_beta,
-                            delta_ring(caches), slots, base + track_steps + 1, dst)
-        copy_conv_windows(conv, icw, dst, rows, track_steps)
-        # rows without a track write slot 0's, the padding slot; index_fill_, not `cursor[i] = 0`,
-        # whose host-side 0 is copied to the GPU with a stream sync
-        cursor.index_fill_(0, dst.clamp(min=0).long(), 0)
-    copy_conv_windows(conv, icw, slots, rows, accept_lens - 1)
+                            delta_ring(caches), slots, counts, dst)

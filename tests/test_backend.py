@@ -72,6 +72,13 @@ def registered():
     register()
 
 
+@pytest.fixture(autouse=True)
+def lazy_records_on(monkeypatch):
+    """The lazy record ring is off by default (docs/lazy-flush.md); these tests turn it on, and
+    the tests of the default unset it."""
+    monkeypatch.setenv("SGLANG_DSPARK_LAZY_RECORDS", "1")
+
+
 class Setup:
     """One KDA layer on SGLang's pools, built through SGLang's construction chain."""
 
@@ -593,6 +600,15 @@ def test_lazy_record_ring_guards():
         reason = linear._lazy_records_off_reason(pool, SimpleNamespace(model=torch.nn.ModuleList([biased]),
                                                                        dtype=DTYPE))
         assert reason is not None and "conv bias" in reason
+
+        # the default: off, saying how to turn it on; 0: off
+        with pytest.MonkeyPatch.context() as mp:
+            mp.delenv("SGLANG_DSPARK_LAZY_RECORDS")
+            reason = linear._lazy_records_off_reason(pool, setup.runner)
+            assert reason is not None and "off by default" in reason and "LAZY_RECORDS=1 turns it on" in reason
+            mp.setenv("SGLANG_DSPARK_LAZY_RECORDS", "0")
+            assert linear._lazy_records_off_reason(pool, setup.runner) == "SGLANG_DSPARK_LAZY_RECORDS=0"
+        assert linear._lazy_records_off_reason(pool, setup.runner) is None  # =1, as the tests run
 
         # SGLANG_DSPARK_LAZY_RECORDS=all: windows up to the tested 16 tokens, not beyond
         try:

@@ -3,7 +3,8 @@
 Used at commit time for SGLang's radix "track" snapshot: the conv window after step ``t`` of
 request ``n`` (written by :func:`mtp_verify` into ``intermediate_conv[layer, row, t]``) becomes
 ``conv_state[layer, slot]``. Rows with ``slot < 0`` or ``t < 0`` are skipped. No host sync.
-The accepted-step roll of each request's own slot is done inside :func:`replayssm_fold`.
+The accepted-step roll of each request's own slot is done inside :func:`replayssm_fold` (or, under
+the lazy record ring, :func:`record_ring.commit_records`).
 """
 
 from __future__ import annotations
@@ -40,24 +41,9 @@ def _copy_conv_windows_kernel(
             tl.store(dst + r * s_conv_row + ch, tl.load(src + r * s_icw_win + ch, mask=mask), mask=mask)
 
 
-def copy_conv_windows(
-    conv_state: torch.Tensor,
-    intermediate_conv: torch.Tensor,
-    slot_indices: torch.Tensor,
-    intermediate_rows: torch.Tensor,
-    steps: torch.Tensor,
-) -> torch.Tensor:
-    """``conv_state[:, slot_indices[n]] = intermediate_conv[:, intermediate_rows[n], steps[n]]``.
-
-    Parameters
-    ----------
-    conv_state : torch.Tensor
-        ``[layers, slots, 3, D]`` (activation dtype, D contiguous), updated in place.
-    intermediate_conv : torch.Tensor
-        ``[layers, rows, steps, 3, D]``, same dtype, D contiguous.
-    slot_indices, intermediate_rows, steps : torch.Tensor
-        ``[N]`` int32 each: destination slot (``-1`` = skip), scratch row, step (``< 0`` = skip).
-    """
+def check_conv_pair(conv_state: torch.Tensor, intermediate_conv: torch.Tensor) -> None:
+    """Check the all-layer conv pool ``[layers, slots, 3, D]`` and the verify's conv windows
+    ``[layers, rows, steps, 3, D]`` (same layers, dtype and D, D contiguous)."""
     for name, t in (("conv_state", conv_state), ("intermediate_conv", intermediate_conv)):
         V.check_tensor(name, t, V.E_CONV)
     if (
@@ -77,6 +63,27 @@ def copy_conv_windows(
             f"{intermediate_conv.dtype}",
             fix="pass SGLang's all-layer pool tensors conv[0] and intermediate_conv_window[0]",
         )
+
+
+def copy_conv_windows(
+    conv_state: torch.Tensor,
+    intermediate_conv: torch.Tensor,
+    slot_indices: torch.Tensor,
+    intermediate_rows: torch.Tensor,
+    steps: torch.Tensor,
+) -> torch.Tensor:
+    """``conv_state[:, slot_indices[n]] = intermediate_conv[:, intermediate_rows[n], steps[n]]``.
+
+    Parameters
+    ----------
+    conv_state : torch.Tensor
+        ``[layers, slots, 3, D]`` (activation dtype, D contiguous), updated in place.
+    intermediate_conv : torch.Tensor
+        ``[layers, rows, steps, 3, D]``, same dtype, D contiguous.
+    slot_indices, intermediate_rows, steps : torch.Tensor
+        ``[N]`` int32 each: destination slot (``-1`` = skip), scratch row, step (``< 0`` = skip).
+    """
+    check_conv_pair(conv_state, intermediate_conv)
     n = V.check_index("slot_indices", slot_indices, None, what="destination slot, -1 = skip")
     V.check_index("intermediate_rows", intermediate_rows, n, what="scratch row per request")
     V.check_index("steps", steps, n, what="verify step to copy, < 0 = skip")

@@ -1,4 +1,5 @@
-"""Lazy record ring: materialise a slot's state from its checkpoint and pending records.
+"""Lazy record ring: the commit (cursor advance and conv roll) and the state of a slot
+materialised from its checkpoint and pending records.
 
 Under the lazy record ring (docs/lazy-flush.md) a slot's pool state is a checkpoint and ring
 rows ``[0, p)`` hold the records of the ``p`` accepted tokens since (``mtp_verify`` with
@@ -14,7 +15,7 @@ inside the verify's state pass and needs no launch of its own.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -23,6 +24,7 @@ import triton.language as tl
 from ..settings import HEAD_DIM, interpreting
 from . import validation as V
 from .common import _carried_keys, _load_delta, _pdl_enter
+from .conv_window import BLOCK as CONV_BLOCK, check_conv_pair
 from .launch_config import pdl_kwargs
 
 
@@ -131,20 +133,119 @@ def materialize_records(
     return ssm_state
 
 
-def commit_records(record_cursor: torch.Tensor, slot_indices: torch.Tensor, accept_lens: torch.Tensor, *,
-                   steps: int, ring_len: int) -> torch.Tensor:
-    """The lazy ring's commit of one verify: each request's cursor moves past its accepted tokens'
-    records (``base + accept``, ``base`` = the row the verify wrote the window's first record to:
-    0 when it flushed, else the old cursor). Returns ``base`` ``[N]`` int32 (the track snapshot of
-    step t carries the checkpoint over ``base + t + 1`` records). Plain tensor ops, no host sync.
+@triton.jit
+def _commit_records_kernel(
+    cursor_ptr, slot_ptr, acc_ptr, row_ptr, tslot_ptr, tstep_ptr, tcount_ptr, tdst_ptr,
+    conv_ptr, icw_ptr,
+    D,
+    s_conv_layer, s_conv_slot, s_conv_row,
+    s_icw_layer, s_icw_row, s_icw_step, s_icw_win,
+    STEPS: tl.constexpr, RING_LEN: tl.constexpr, HAS_TRACK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Program (n, layer, blk): channels ``[blk*BLOCK, (blk+1)*BLOCK)`` of request ``n``'s conv
+    windows in ``layer``; program (n, 0, 0) also moves request ``n``'s cursor. Rows touch disjoint
+    slots (a request's own slot, its track slot), so programs never race."""
+    n = tl.program_id(0)
+    layer = tl.program_id(1).to(tl.int64)
+    blk = tl.program_id(2)
+    slot = tl.load(slot_ptr + n)
+    acc = tl.minimum(tl.maximum(tl.load(acc_ptr + n), 0), STEPS)
+    dst = -1
+    tstep = -1
+    if HAS_TRACK:
+        tstep = tl.load(tstep_ptr + n)
+        tslot = tl.load(tslot_ptr + n)
+        dst = tl.where((tstep >= 0) & (tstep < acc) & (slot >= 0) & (tslot >= 0), tslot, -1)
+    if (layer == 0) & (blk == 0):
+        p = tl.load(cursor_ptr + tl.maximum(slot, 0))
+        base = tl.where(p + STEPS > RING_LEN, 0, p)  # the verify flushed: its records start at row 0
+        if slot >= 0:
+            tl.store(cursor_ptr + slot, base + acc)
+        if HAS_TRACK:
+            tl.store(tcount_ptr + n, base + tstep + 1)
+            tl.store(tdst_ptr + n, dst)
+            if dst >= 0:
+                tl.store(cursor_ptr + dst, 0)  # the track slot holds a materialised state
+    row = tl.load(row_ptr + n).to(tl.int64)
+    ch = blk * BLOCK + tl.arange(0, BLOCK)
+    mask = ch < D
+    src = icw_ptr + layer * s_icw_layer + row * s_icw_row
+    if (slot >= 0) & (acc > 0):  # the conv roll to the last accepted token
+        win = src + (acc - 1).to(tl.int64) * s_icw_step
+        out = conv_ptr + layer * s_conv_layer + slot.to(tl.int64) * s_conv_slot
+        for r in tl.static_range(3):
+            tl.store(out + r * s_conv_row + ch, tl.load(win + r * s_icw_win + ch, mask=mask), mask=mask)
+    if dst >= 0:  # the track snapshot's conv window, of the same step as its state
+        win = src + tstep.to(tl.int64) * s_icw_step
+        out = conv_ptr + layer * s_conv_layer + dst.to(tl.int64) * s_conv_slot
+        for r in tl.static_range(3):
+            tl.store(out + r * s_conv_row + ch, tl.load(win + r * s_icw_win + ch, mask=mask), mask=mask)
 
-    ``record_cursor`` ``[slots]`` int32 (in place); ``slot_indices`` ``[N]`` int32 (``-1`` = padding,
-    left alone: its row writes slot 0's cursor back unchanged, the reserved padding slot);
-    ``accept_lens`` ``[N]`` (accepted tokens incl. the bonus one); ``steps`` = 1 + num_spec and
-    ``ring_len`` = L, as in the verify."""
-    idx = slot_indices.clamp(min=0).long()
-    p = record_cursor[idx]
-    base = torch.where(p + steps > ring_len, torch.zeros_like(p), p)
-    new = torch.where(slot_indices >= 0, base + accept_lens.to(p.dtype).clamp(0, steps), p)
-    record_cursor.index_put_((idx,), new)
-    return base
+
+def commit_records(
+    record_cursor: torch.Tensor, slot_indices: torch.Tensor, accept_lens: torch.Tensor,
+    conv_state: torch.Tensor, intermediate_conv: torch.Tensor, intermediate_rows: torch.Tensor, *,
+    steps: int, ring_len: int, track_slot_indices: Optional[torch.Tensor] = None,
+    track_steps: Optional[torch.Tensor] = None,
+) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """The lazy ring's commit of one verify, all layers, one launch: each request's cursor moves
+    past its accepted tokens' records (to ``base + accept``; ``base`` = the row the verify wrote
+    the window's first record to: 0 when it flushed, else the old cursor), and its conv window
+    rolls to its last accepted token. With a radix track snapshot, the track slot gets the conv
+    window of step ``track_steps[n]`` and its cursor is reset (it will hold a materialised state),
+    and the returned ``(counts, dst)`` are :func:`materialize_records`' arguments for its state
+    (``src`` = ``slot_indices``). No host sync.
+
+    Parameters
+    ----------
+    record_cursor : torch.Tensor
+        ``[slots]`` int32, updated in place.
+    slot_indices, accept_lens, intermediate_rows : torch.Tensor
+        ``[N]`` int32 each: the request's slot (``-1`` = padding, left alone), accepted tokens
+        including the bonus one (``0 .. steps``), the verify's scratch row.
+    conv_state : torch.Tensor
+        ``[layers, slots, 3, D]`` activation dtype, D contiguous, updated in place.
+    intermediate_conv : torch.Tensor
+        ``[layers, rows, steps, 3, D]``: the verify's conv window after every step.
+    steps, ring_len : int
+        ``1 + num_spec`` and the ring length ``L``, as in the verify.
+    track_slot_indices, track_steps : torch.Tensor, optional
+        ``[N]`` int32 each, together: the track snapshot's slot (``-1`` = none) and step (taken only
+        when ``0 <= step < accept``).
+
+    Returns ``(counts, dst)`` ``[N]`` int32 each with a track (``dst = -1`` where none is taken),
+    else None.
+    """
+    N = V.check_index("slot_indices", slot_indices, None, what="slot per request, -1 = padding")
+    V.check_index("accept_lens", accept_lens, N, what="accepted tokens per request incl. the bonus token")
+    V.check_index("intermediate_rows", intermediate_rows, N, what="scratch row per request")
+    V.check_index("record_cursor", record_cursor, None, what="pending records per slot")
+    check_conv_pair(conv_state, intermediate_conv)
+    if (track_slot_indices is None) != (track_steps is None):
+        raise V.dspark_error(V.E_FOLD_ARGS, "track_slot_indices/track_steps", expected="both or none", got="only one",
+                             fix="pass both to write the radix track snapshot, or neither")
+    has_track = track_slot_indices is not None
+    if has_track:
+        V.check_index("track_slot_indices", track_slot_indices, N, what="track slot per request, -1 = none")
+        V.check_index("track_steps", track_steps, N, what="0-based step to snapshot, < 0 = none")
+    V.check_device(record_cursor.device, slot_indices=slot_indices, accept_lens=accept_lens, conv_state=conv_state,
+                   intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows)
+    track_out = None
+    if has_track:
+        track_out = torch.empty(2, N, dtype=torch.int32, device=record_cursor.device)
+    layers, D = conv_state.shape[0], conv_state.shape[-1]
+    if N == 0:
+        return None if track_out is None else (track_out[0], track_out[1])
+    dummy = slot_indices
+    _commit_records_kernel[(N, max(layers, 1), triton.cdiv(D, CONV_BLOCK))](
+        record_cursor, slot_indices, accept_lens, intermediate_rows,
+        track_slot_indices if has_track else dummy, track_steps if has_track else dummy,
+        track_out[0] if has_track else dummy, track_out[1] if has_track else dummy,
+        conv_state, intermediate_conv,
+        D,
+        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+        intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
+        intermediate_conv.stride(3),
+        STEPS=steps, RING_LEN=ring_len, HAS_TRACK=has_track, BLOCK=CONV_BLOCK,
+    )
+    return None if track_out is None else (track_out[0], track_out[1])

@@ -92,7 +92,7 @@ class SpecConfig:
     sps_table: bool = False  # --speculative-dspark-sps-table-path: compact picks short windows
     bad_input: bool = False
     decode_ring: bool = False  # --enable-linear-replayssm (plain decode through SGLang's decode ring)
-    lazy: bool = False  # the lazy record ring (replayssm with --disable-radix-cache: where it is safe on CPU)
+    lazy: bool = False  # the lazy record ring (SGLANG_DSPARK_LAZY_RECORDS=1 and --disable-radix-cache: safe on CPU)
 
     def args(self):
         extra = ["--disable-radix-cache"] if self.lazy else []
@@ -104,7 +104,10 @@ class SpecConfig:
         return tiny_model_args(self.gamma, attention_backend="dspark", replayssm=self.replayssm, extra=extra)
 
     def env(self):
-        return {"SGLANG_RAGGED_VERIFY_MODE": self.ragged_mode}
+        env = {"SGLANG_RAGGED_VERIFY_MODE": self.ragged_mode}
+        if self.lazy:  # off by default (docs/lazy-flush.md)
+            env["SGLANG_DSPARK_LAZY_RECORDS"] = "1"
+        return env
 
     def kernels(self):
         """The plugin kernels this configuration must run (their first-use log lines)."""
@@ -128,7 +131,7 @@ CONFIGS = [
     SpecConfig("g3-static", gamma=3, replayssm=False, bad_input=True),
     SpecConfig("g1-static", gamma=1, replayssm=False),
     SpecConfig("g3-static-replayssm", gamma=3, replayssm=True),
-    # the lazy record ring (no fold per commit): on where it is safe, here with the radix cache off
+    # the lazy record ring (no fold per commit): turned on, here with the radix cache off
     SpecConfig("g1-static-lazy", gamma=1, replayssm=True, lazy=True),
     # compact = per-request ragged verify windows chosen by the confidence scheduler (needs the
     # draft's confidence head, which the tiny draft has).

@@ -39,7 +39,7 @@ CONFIGS = {
 def retracting(request, baseline):
     gamma, replayssm, extra, kernels, mark = CONFIGS[request.param]
     args = tiny_model_args(gamma, attention_backend="dspark", replayssm=replayssm, extra=extra)
-    server = start_server(request.param, args, env={"SGLANG_TEST_RETRACT": "1"})
+    server = start_server(request.param, args, env={"SGLANG_TEST_RETRACT": "1", "SGLANG_DSPARK_LAZY_RECORDS": "1"})
     try:
         results = generate_all_at_once(server)
         yield server, results, kernels, mark

@@ -79,8 +79,8 @@ class Served:
     ragged: str = "static"  # SGLANG_RAGGED_VERIFY_MODE
     sps_table: bool = False  # compact scheduler picks windows shorter than gamma + 1
     decode_ring: bool = False  # --enable-linear-replayssm: plain decode through SGLang's decode ring
-    # SGLANG_DSPARK_LAZY_RECORDS: None = the default (the lazy record ring where it is on by default),
-    # "0" = fold every commit, "all" = the lazy record ring at any window too
+    # SGLANG_DSPARK_LAZY_RECORDS: None = the default (fold every commit), "1" = the lazy record ring
+    # (windows up to LAZY_RECORDS_MAX_WINDOW), "0" = fold, "all" = the lazy record ring at any window
     lazy_records: Optional[str] = None
 
     @property
@@ -128,10 +128,10 @@ class Served:
 
     @property
     def lazy(self) -> bool:
-        """The lazy record ring runs: ReplaySSM with the default extra_buffer radix cache (the CPU
-        dry run's no_buffer radix cache keeps it off) and windows up to LAZY_RECORDS_MAX_WINDOW
-        (any window with ``lazy_records="all"``), unless switched off."""
-        return (self.replayssm and self.lazy_records != "0" and not ON_CPU
+        """The lazy record ring runs: turned on, ReplaySSM with the default extra_buffer radix cache
+        (the CPU dry run's no_buffer radix cache keeps it off) and windows up to
+        LAZY_RECORDS_MAX_WINDOW (any window with ``lazy_records="all"``)."""
+        return (self.replayssm and self.lazy_records in ("1", "all") and not ON_CPU
                 and (self.lazy_records == "all" or self.gamma + 1 <= LAZY_RECORDS_MAX_WINDOW))
 
     def expected_kernels(self) -> List[str]:
@@ -155,14 +155,17 @@ def configs(model: str) -> List[Served]:
     for gamma in (3, 7):
         for replayssm in (False, True):
             commit = "replayssm" if replayssm else "snapshot"
-            out.append(Served(model, f"dspark-g{gamma}-{commit}-static", "dspark", gamma, replayssm))
+            # ReplaySSM with the lazy record ring turned on (where it runs: gamma 3; gamma 7 folds)
+            lazy = "1" if replayssm else None
+            out.append(Served(model, f"dspark-g{gamma}-{commit}-static", "dspark", gamma, replayssm,
+                              lazy_records=lazy))
             if not ON_CPU:
                 out.append(
                     Served(model, f"dspark-g{gamma}-{commit}-compact", "dspark", gamma, replayssm,
-                           ragged="compact", sps_table=True)
+                           ragged="compact", sps_table=True, lazy_records=lazy)
                 )  # fmt: skip
-    if not ON_CPU:  # the fold-every-commit ring, next to the lazy record ring of the others
-        out.append(Served(model, "dspark-g3-replayssm-eager-static", "dspark", 3, True, lazy_records="0"))
+    if not ON_CPU:  # the default: fold every commit, next to the lazy record ring of the others
+        out.append(Served(model, "dspark-g3-replayssm-eager-static", "dspark", 3, True))
         # 8-token windows on the lazy ring (off by default until they are shown faster)
         out.append(Served(model, "dspark-g7-replayssm-lazy-all-static", "dspark", 7, True, lazy_records="all"))
     if ON_CPU:  # dry run: one speculative configuration is enough

@@ -67,7 +67,9 @@ def _calls():
             a.cursor, caches, a.slots, a.rows, a.accept, a.track_slots, a.track_steps, steps=STEPS),
         "lazy commit (no track)": lambda: _commit_lazy_records(
             a.cursor, caches, a.slots, a.rows, a.accept, None, None, steps=STEPS),
-        "commit_records": lambda: commit_records(a.cursor, a.slots, a.accept, steps=STEPS, ring_len=L),
+        "commit_records (with track)": lambda: commit_records(
+            a.cursor, a.slots, a.accept, conv, icw, a.rows, steps=STEPS, ring_len=L, track_slot_indices=a.track_slots,
+            track_steps=a.track_steps),
         "materialize_records": lambda: materialize_records(
             caches.temporal, caches.replayssm_rawk, caches.replayssm_g, caches.replayssm_beta, delta_ring(caches),
             a.slots, a.accept, a.track_slots),
@@ -80,7 +82,7 @@ def _calls():
     }
 
 
-CALL_NAMES = ["lazy commit (with track)", "lazy commit (no track)", "commit_records", "materialize_records",
+CALL_NAMES = ["lazy commit (with track)", "lazy commit (no track)", "commit_records (with track)", "materialize_records",
               "copy_conv_windows", "cursor reset (index_fill_)", "replayssm_fold (with track)"]
 
 

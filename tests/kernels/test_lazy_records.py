@@ -1,5 +1,5 @@
 """The lazy record ring (docs/lazy-flush.md) against an uninterrupted float64 run of the accepted
-tokens: verify with ``record_cursor`` -> random accept -> ``commit_records`` + conv roll, over
+tokens: verify with ``record_cursor`` -> random accept -> ``commit_records`` (cursor, conv roll), over
 enough cycles to cross several flushes, with ragged windows, a padding row and a radix track
 snapshot (``materialize_records``) every cycle.
 
@@ -17,7 +17,6 @@ import torch
 from kda_testutil import F64, make_problem, rel_err, same_bytes
 from sglang_dspark_plugin.kernels import mtp_verify
 from sglang_dspark_plugin.kernels import reference as R
-from sglang_dspark_plugin.kernels.conv_window import copy_conv_windows
 from sglang_dspark_plugin.kernels.record_ring import commit_records, materialize_records
 
 CUDA = torch.cuda.is_available()
@@ -38,6 +37,7 @@ def test_lazy_ring_trajectory(num_spec, L, split, cycles, block_v):
     slot_list = [1, -1, 3]  # request 1 is CUDA-graph padding
     live = [(n, s) for n, s in enumerate(slot_list) if s >= 0]
     track_slot = 4  # a spare slot receives request 0's track snapshots
+    spare_slot = 5  # named by request 2's track, never taken: stays untouched
     p = make_problem(N=N, H=H, num_spec=num_spec, dtype=torch.float32, lower_bound=None, seed=5 + L + num_spec,
                      slot_list=slot_list, slots=6)
     dev = p.q.device
@@ -49,6 +49,8 @@ def test_lazy_ring_trajectory(num_spec, L, split, cycles, block_v):
         delta = torch.full((p.slots, H, L, 128), float("nan"), dtype=torch.float32, device=dev)
     cursor = torch.zeros(p.slots, dtype=torch.int32, device=dev)
     untouched = {s: p.ssm_state[s].clone() for s in (0, 2, 5)}
+    untouched_conv = {s: p.conv_state[s].clone() for s in (0, 2, 5)}
+    cursor[spare_slot] = 3  # not reset: its track was not taken
     par64 = dict(conv_weight=p.conv_weight.to(F64), A_log=p.A_log.to(F64), dt_bias=p.dt_bias.to(F64),
                  lower_bound=p.lower_bound, act_dtype=torch.float32)
     truth = {s: [p.ssm_state[s].to(F64)] for _, s in live}  # eager state after every accepted token
@@ -71,13 +73,16 @@ def test_lazy_ring_trajectory(num_spec, L, split, cycles, block_v):
         accept = [rng.randint(0 if n == 2 else 1, ln) for n, ln in enumerate(lengths)]
         track_step = rng.randint(0, accept[0] - 1)
         acc_t = torch.tensor(accept, dtype=torch.int32, device=dev)
-        base = commit_records(cursor, p.slot_indices, acc_t, steps=steps, ring_len=L)
-        copy_conv_windows(p.conv_state[None], icw[None], p.slot_indices, p.intermediate_rows, acc_t - 1)
-        one = torch.ones(1, dtype=torch.int32, device=dev)
+        # request 0 tracks a step it accepted; request 2 names a step past its accepted ones (none taken)
+        i32 = dict(dtype=torch.int32, device=dev)
+        counts, dst = commit_records(cursor, p.slot_indices, acc_t, p.conv_state[None], icw[None],
+                                     p.intermediate_rows, steps=steps, ring_len=L,
+                                     track_slot_indices=torch.tensor([track_slot, 2, spare_slot], **i32),
+                                     track_steps=torch.tensor([track_step, 0, accept[2]], **i32))
+        assert dst.tolist() == [track_slot, -1, -1] and int(cursor[track_slot]) == 0
         materialize_records(p.ssm_state[None], rings["ring_rawk"][None], rings["ring_g"][None],
                             rings["ring_beta"][None], tuple(d[None] for d in delta) if split else delta[None],
-                            src_slots=one * slot_list[0], counts=(base[:1] + track_step + 1).to(torch.int32),
-                            dst_slots=one * track_slot)
+                            src_slots=p.slot_indices, counts=counts, dst_slots=dst)
 
         assert torch.equal(out[0, cu[1]:cu[2]], torch.zeros_like(out[0, cu[1]:cu[2]]))  # padding row
         for n, s in live:
@@ -87,17 +92,18 @@ def test_lazy_ring_trajectory(num_spec, L, split, cycles, block_v):
             o64, _, _ = R.sequential_ref(*(x[:, full].to(F64) for x in (q, k, v, a, b)), **par64,
                                          state=truth[s][-1], window=window[s])
             assert rel_err(out[0, full], o64) <= 2e-5, (cycle, n)
-            states = [truth[s][-1]]
-            win = window[s]
+            states, wins = [truth[s][-1]], [window[s]]
             for t in range(accept[n]):
                 tok = slice(bos + t, bos + t + 1)
                 _, S, win = R.sequential_ref(*(x[:, tok].to(F64) for x in (q, k, v, a, b)), **par64,
-                                             state=states[-1], window=win)
+                                             state=states[-1], window=wins[-1])
                 states.append(S)
+                wins.append(win)
             truth[s] += states[1:]
-            window[s] = win
+            window[s] = wins[-1]
             if n == 0:
                 assert rel_err(p.ssm_state[track_slot], states[1 + track_step]) <= 2e-5, cycle
+                assert torch.equal(p.conv_state[track_slot].to(F64), wins[1 + track_step]), cycle
             assert torch.equal(p.conv_state[s].to(F64), window[s]), (cycle, n)
             pending = int(cursor[s])
             assert 0 <= pending <= L
@@ -110,7 +116,8 @@ def test_lazy_ring_trajectory(num_spec, L, split, cycles, block_v):
         for n, s in live:
             assert rel_err(now[s], truth[s][-1]) <= 2e-5, (cycle, n)  # the materialised state
     for s, st in untouched.items():
-        assert same_bytes(p.ssm_state[s], st)
+        assert same_bytes(p.ssm_state[s], st) and same_bytes(p.conv_state[s], untouched_conv[s])
+    assert int(cursor[spare_slot]) == 3
     assert flushes >= 2, flushes  # the run crossed flushes
 
 
@@ -129,6 +136,18 @@ def test_lazy_ring_rejects_bad_arguments():
     with pytest.raises(DSparkError, match="ring mode"):
         mtp_verify(*p.acts(), **kw, intermediate_ssm=p.new_issm(), record_cursor=cursor,
                    ring_delta=torch.zeros_like(rings["ring_rawk"]))
+
+    # the commit: a track needs both halves; index tensors are int32
+    icw, acc = p.new_icw(), torch.ones(1, dtype=torch.int32, device=p.q.device)
+    commit = dict(conv_state=p.conv_state[None], intermediate_conv=icw[None], intermediate_rows=p.intermediate_rows,
+                  steps=2, ring_len=4)
+    with pytest.raises(DSparkError, match=r"DSPARK-E119\] track_slot_indices/track_steps"):
+        commit_records(cursor, p.slot_indices, acc, **commit, track_slot_indices=p.slot_indices)
+    with pytest.raises(DSparkError, match=r"DSPARK-E111\] accept_lens"):
+        commit_records(cursor, p.slot_indices, acc.long(), **commit)
+    with pytest.raises(DSparkError, match=r"DSPARK-E106\]"):
+        commit_records(cursor, p.slot_indices, acc, **dict(commit, intermediate_conv=icw))
+    assert torch.equal(cursor, torch.zeros_like(cursor))  # nothing ran
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["fp32-deltas", "split-deltas"])

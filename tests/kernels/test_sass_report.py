@@ -50,11 +50,12 @@ def _loads_after_first_store(*args):
     ("verify-stream", "--T", "8", "--finish", "--block-v", "64", "--warps", "4", "--lazy"),
     ("verify-finish", "--T", "8", "--prep-block-k", "32", "--warps", "1", "--lazy"),
     ("materialize", "--block-v", "32", "--warps", "4"),
+    ("commit", "--T", "4"),
     ("decode", "--block-v", "128", "--warps", "4"),
     ("decode", "--block-v", "32", "--warps", "1"),
     ("decode", "--buffered", "--block-v", "32", "--warps", "4"),
 ], ids=["prep", "stream", "stream-finished", "finish", "fold", "lazy-prep", "lazy-stream", "lazy-stream-finished",
-        "lazy-finish", "materialize", "decode-small-batch", "decode", "decode-buffered"])
+        "lazy-finish", "materialize", "commit", "decode-small-batch", "decode", "decode-buffered"])
 def test_table_configs_compile_without_spills(args):
     regs, stack, sass = _report(*args)
     assert 0 < regs <= 255 and sass > 100
