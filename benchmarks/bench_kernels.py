@@ -15,7 +15,9 @@ One command (see docs/benchmarks.md)::
    one CUDA graph over ``R`` disjoint slot sets (``R*S >= 256 MiB``) and replayed under
    ``triton.testing.do_bench`` (median, L2 flushed before every replay); per-call time = median/R.
 4. **Prints** the table (µs, x floor, x upstream) last and writes ``bench_kernels.json`` and
-   ``bench_kernels.md`` to ``--out`` (default ``$OUT``).
+   ``bench_kernels.md`` to ``--out`` (default ``$OUT``). With ``--kernel-profile`` every whole
+   step and decode row also gets ``kernels_us``: device µs per call of each GPU kernel in its
+   graph (torch profiler, 5 replays), to show where a step's time goes.
 
 Floors per KDA layer per step, ``S = N*H*64 KiB`` fp32 state: ReplaySSM verify ``S/B``; fold
 ``2S/B``; decode ``2S/B``; snapshot verify ``(1+T) S/B``; buffered decode (SGLang's decode ring,

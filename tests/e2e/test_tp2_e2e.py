@@ -61,7 +61,7 @@ GAMMA = 3
 class TPConfig:
     name: str
     replayssm: bool  # --enable-linear-replayssm-spec
-    lazy: bool  # the lazy record ring (needs the radix cache off on CPU: the no_buffer cache keeps it off)
+    lazy: bool  # the lazy record ring, turned on (and the radix cache off on CPU: the no_buffer cache keeps it off)
 
     def args(self) -> List[str]:
         extra = ["--tp-size", str(TP_SIZE)]
@@ -73,6 +73,9 @@ class TPConfig:
         if self.lazy:
             return ["mtp_verify (ring, lazy records)", "lazy records commit"]
         return ["mtp_verify (ring)", "replayssm_fold"] if self.replayssm else ["mtp_verify (snapshot)"]
+
+    def env(self) -> Dict[str, str]:
+        return {"SGLANG_DSPARK_LAZY_RECORDS": "1"} if self.lazy else {}  # off by default (docs/lazy-flush.md)
 
 
 CONFIGS = [
@@ -104,7 +107,7 @@ def test_stock_tp2_equals_tp1(stock_tp2, baseline):
 @pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: c.name)
 def tp2(request, stock_tp2):
     config: TPConfig = request.param
-    server = start_server(config.name, config.args())
+    server = start_server(config.name, config.args(), env=config.env())
     try:
         results = generate_all_at_once(server)
         yield config, server, results
