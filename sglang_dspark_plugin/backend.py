@@ -155,10 +155,11 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         docs/lazy-flush.md's: a path that would read a slot's state behind the plugin's back, or
         a KDA layer whose verify and commit would be SGLang's (they cannot continue from records)."""
         if not lazy_records_enabled():
-            if lazy_records_setting() is None:
+            value = lazy_records_setting()
+            if value is None:
                 return (f"off by default ({LAZY_RECORDS_ENV}=1 turns it on; it is not yet faster in served "
                         "tokens/s: docs/lazy-flush.md)")
-            return f"{LAZY_RECORDS_ENV}={lazy_records_setting()}"
+            return f"{LAZY_RECORDS_ENV}={value}"
         from sglang.srt.layers.attention.linear.utils import pp_spec_stable_rows_enabled
         from sglang.srt.layers.radix_linear_attention import RadixLinearAttention
         from sglang.srt.mem_cache.memory_pool import MambaPool

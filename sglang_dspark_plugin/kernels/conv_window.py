@@ -19,6 +19,13 @@ BLOCK = 512
 
 
 @triton.jit
+def _copy_window(dst, src, s_dst_row, s_src_row, ch, mask):
+    """Channels ``ch`` of one conv window's 3 rows: ``dst[r, ch] = src[r, ch]``."""
+    for r in tl.static_range(3):
+        tl.store(dst + r * s_dst_row + ch, tl.load(src + r * s_src_row + ch, mask=mask), mask=mask)
+
+
+@triton.jit
 def _copy_conv_windows_kernel(
     conv_ptr, icw_ptr, slot_ptr, row_ptr, step_ptr,
     D,
@@ -37,8 +44,7 @@ def _copy_conv_windows_kernel(
         mask = ch < D
         src = icw_ptr + layer * s_icw_layer + row * s_icw_row + step * s_icw_step
         dst = conv_ptr + layer * s_conv_layer + slot * s_conv_slot
-        for r in tl.static_range(3):
-            tl.store(dst + r * s_conv_row + ch, tl.load(src + r * s_icw_win + ch, mask=mask), mask=mask)
+        _copy_window(dst, src, s_conv_row, s_icw_win, ch, mask)
 
 
 def check_conv_pair(conv_state: torch.Tensor, intermediate_conv: torch.Tensor) -> None:

@@ -24,7 +24,7 @@ import triton.language as tl
 from ..settings import HEAD_DIM, interpreting
 from . import validation as V
 from .common import _carried_keys, _load_delta, _pdl_enter
-from .conv_window import BLOCK as CONV_BLOCK, check_conv_pair
+from .conv_window import BLOCK as CONV_BLOCK, _copy_window, check_conv_pair
 from .launch_config import pdl_kwargs
 
 
@@ -171,15 +171,11 @@ def _commit_records_kernel(
     mask = ch < D
     src = icw_ptr + layer * s_icw_layer + row * s_icw_row
     if (slot >= 0) & (acc > 0):  # the conv roll to the last accepted token
-        win = src + (acc - 1).to(tl.int64) * s_icw_step
-        out = conv_ptr + layer * s_conv_layer + slot.to(tl.int64) * s_conv_slot
-        for r in tl.static_range(3):
-            tl.store(out + r * s_conv_row + ch, tl.load(win + r * s_icw_win + ch, mask=mask), mask=mask)
+        _copy_window(conv_ptr + layer * s_conv_layer + slot.to(tl.int64) * s_conv_slot,
+                     src + (acc - 1).to(tl.int64) * s_icw_step, s_conv_row, s_icw_win, ch, mask)
     if dst >= 0:  # the track snapshot's conv window, of the same step as its state
-        win = src + tstep.to(tl.int64) * s_icw_step
-        out = conv_ptr + layer * s_conv_layer + dst.to(tl.int64) * s_conv_slot
-        for r in tl.static_range(3):
-            tl.store(out + r * s_conv_row + ch, tl.load(win + r * s_icw_win + ch, mask=mask), mask=mask)
+        _copy_window(conv_ptr + layer * s_conv_layer + dst.to(tl.int64) * s_conv_slot,
+                     src + tstep.to(tl.int64) * s_icw_step, s_conv_row, s_icw_win, ch, mask)
 
 
 def commit_records(
@@ -237,12 +233,13 @@ def commit_records(
     if N == 0:
         return None if track_out is None else (track_out[0], track_out[1])
     dummy = slot_indices
+    # no layers: one layer program still moves the cursors; its conv copies are masked off (D = 0)
     _commit_records_kernel[(N, max(layers, 1), triton.cdiv(D, CONV_BLOCK))](
         record_cursor, slot_indices, accept_lens, intermediate_rows,
         track_slot_indices if has_track else dummy, track_steps if has_track else dummy,
         track_out[0] if has_track else dummy, track_out[1] if has_track else dummy,
         conv_state, intermediate_conv,
-        D,
+        D if layers else 0,
         conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
         intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
         intermediate_conv.stride(3),
