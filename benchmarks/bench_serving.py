@@ -211,14 +211,15 @@ def _union_us(intervals: List[tuple]) -> float:
 
 
 def kda_share(trace_dir: str) -> dict:
-    """Share of GPU kernel time in KDA-core kernels over every trace file under ``trace_dir``, and how
-    busy the GPU was: ``gpu_busy_share`` = union of kernel intervals / span from the first kernel's
+    """Share of GPU kernel time in KDA-core kernels over every trace file under ``trace_dir`` (each
+    KDA kernel's total time and call count), and how busy the GPU was: ``gpu_busy_share`` = union of kernel intervals / span from the first kernel's
     start to the last one's end (a served step far below 1 is host-bound, and kernel speed-ups
     then barely move tokens/s). Host-side events (the second trace of ``--profile-cpu``) are summed
     by name into ``host_top_us`` (nested events each count: an indication, not a partition)."""
     files = glob.glob(os.path.join(trace_dir, "**", "*.json*"), recursive=True)
     total = kda = span = busy = 0.0
     names: Dict[str, float] = {}
+    calls: Dict[str, int] = {}
     host: Dict[str, float] = {}
     for path in files:
         opener = gzip.open if path.endswith(".gz") else open
@@ -238,6 +239,7 @@ def kda_share(trace_dir: str) -> dict:
             if KDA_KERNEL.search(ev.get("name", "")):
                 kda += dur
                 names[ev["name"]] = names.get(ev["name"], 0.0) + dur
+                calls[ev["name"]] = calls.get(ev["name"], 0) + 1
         if intervals:
             span += max(b for _, b in intervals) - min(a for a, _ in intervals)
             busy += _union_us(intervals)
@@ -247,6 +249,8 @@ def kda_share(trace_dir: str) -> dict:
         "kda_us": kda,
         "kda_share": kda / total if total else None,
         "kda_kernels_us": dict(sorted(names.items(), key=lambda kv: -kv[1])[:12]),
+        # per call: comparable with bench_kernels.py's per-kernel times at the served batch
+        "kda_kernel_calls": {name: calls[name] for name in sorted(names, key=lambda n: -names[n])[:12]},
         "span_us": span,
         "gpu_busy_us": busy,
         "gpu_busy_share": busy / span if span else None,
