@@ -212,8 +212,9 @@ def _union_us(intervals: List[tuple]) -> float:
 
 def kda_share(trace_dir: str) -> dict:
     """Share of GPU kernel time in KDA-core kernels over every trace file under ``trace_dir`` (each
-    KDA kernel's total time and call count), and how busy the GPU was: ``gpu_busy_share`` = union of kernel intervals / span from the first kernel's
-    start to the last one's end (a served step far below 1 is host-bound, and kernel speed-ups
+    KDA kernel's total time and call count), and how busy the GPU was: ``gpu_busy_share`` = union
+    of kernel intervals / span from the first kernel's start to the last one's end (a served step
+    far below 1 is host-bound, and kernel speed-ups
     then barely move tokens/s). Host-side events (the second trace of ``--profile-cpu``) are summed
     by name into ``host_top_us`` (nested events each count: an indication, not a partition)."""
     files = glob.glob(os.path.join(trace_dir, "**", "*.json*"), recursive=True)
