@@ -27,7 +27,8 @@ Servers start in parallel (the GPU and Triton cache are shared); each is measure
 others idle (``--sleep-on-idle``, so they do not spin a CPU core each). ``--max-servers K`` runs the
 configurations in groups of K (start, measure, stop, next group) for models too large to have all
 servers up at once. ``--model kimi48-8l`` (the first 8 layers of Kimi-Linear-48B with its MoE and
-vocabulary, random weights) makes a served step GPU-bound; its accept lengths are meaningless
+vocabulary, random weights; ``kimi48``: all 27 layers, ``--max-servers 1``) makes a served step
+more GPU-bound; its accept lengths are meaningless
 (random draft and target), so it compares the cost of the same work per step, not speculation's
 gain, and ``--concurrency`` levels beyond what its memory holds fail to start rather than swap. Writes ``serving.json`` and ``serving.md`` to ``--out`` and a plot with ``--plot``.
 """
@@ -109,7 +110,7 @@ def server_args(cfg: Config, args) -> List[str]:
     extra = [
         "--cuda-graph-bs-decode", *map(str, graph_bs),
         "--max-running-requests", str(max_c),
-        "--max-mamba-cache-size", str(8 * max_c),
+        "--max-mamba-cache-size", str(args.mamba_slots_per_request * max_c),
         "--max-total-tokens", str(4 * max_c * (args.prompt_len + args.output_len)),
         "--sampling-backend", "pytorch",
         "--tp-size", str(args.tp_size),
@@ -408,10 +409,15 @@ def plot(result: dict, path: str) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(tiny_models.SPECS), default="kimi32",
-                   help="tiny: CPU dry run; kimi48-8l: GPU-bound, random weights (tokens/s only)")  # fmt: skip
+                   help="tiny: CPU dry run; kimi48-8l / kimi48 (all 27 layers, one server per GPU): "
+                   "random weights, tokens/s only")  # fmt: skip
     p.add_argument("--max-servers", type=int, default=0,
                    help="servers up at once (0: all); the configurations run in groups of this size")  # fmt: skip
     p.add_argument("--gamma", type=int, default=3)
+    # SGLang's extra_buffer radix cache used 4 mamba slots per running request (H200, kimi48-8l);
+    # kimi48's 20 KDA layers take ~50 MiB per slot: 8 per request at c=64 (25 GiB) leaves too
+    # little beside its 97 GB of weights for CUDA graphs
+    p.add_argument("--mamba-slots-per-request", type=int, default=8, help="--max-mamba-cache-size per request")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 64])
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=128)

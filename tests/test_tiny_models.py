@@ -2,6 +2,7 @@
 Markov head really encodes the target's one-token successor function (no server needed)."""
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,21 @@ def test_random_weight_model_is_kimi_linear_48b_cut_to_8_layers():
     assert args[args.index("--speculative-draft-load-format") + 1] == "dummy"
     assert "--skip-tokenizer-init" in args
     assert "--load-format" not in tiny_model_args(3, spec=tiny_models.TINY, models_dir=REPO_CONFIGS)
+
+
+def test_random_weight_model_is_kimi_linear_48b_all_layers():
+    """kimi48's config is read by SGLang as Kimi-Linear-48B-A3B itself: 27 layers, MLA where the
+    real config's full_attn_layers are (4, 8, ..., 24, 27, 1-based), KDA at the other 20, MoE from
+    layer 1 on; the draft reads 4 of its 27 layers."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.models.kimi_linear import _is_sparse_layer
+
+    spec = tiny_models.KIMI48
+    config = ModelConfig(str(REPO_CONFIGS / spec.target_dir), trust_remote_code=True).hf_config
+    assert (config.hidden_size, config.vocab_size, config.num_hidden_layers) == (2304, 163840, 27)
+    mla = [i + 1 for i in range(27) if not config.is_kda_layer(i)]
+    assert mla == [4, 8, 12, 16, 20, 24, 27]
+    assert sum(config.is_kda_layer(i) for i in range(27)) == 20
+    assert [_is_sparse_layer(config, i) for i in range(27)] == [False] + [True] * 26
+    draft = json.loads((REPO_CONFIGS / spec.draft_dir / "config.json").read_text())
+    assert draft["num_target_layers"] == 27

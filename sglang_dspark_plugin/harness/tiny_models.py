@@ -1,7 +1,7 @@
 """Reproducible Kimi-Linear test models + DSPARK drafts for demos, end-to-end tests and serving
 benchmarks.
 
-``python -m sglang_dspark_plugin.harness.tiny_models [--model tiny|kimi32|kimi48-8l] [--out DIR]``
+``python -m sglang_dspark_plugin.harness.tiny_models [--model tiny|kimi32|kimi48-8l|kimi48] [--out DIR]``
 writes, under ``DIR`` (default: the checkout's ``configs/``), one target/draft pair built by the
 same code from a ``ModelSpec``:
 
@@ -16,6 +16,8 @@ same code from a ``ModelSpec``:
   layers of Kimi-Linear-48B-A3B with its MoE and vocabulary, served with SGLang's random weights
   (``--load-format dummy``, token ids in and out), so that a served step is GPU-bound as in the
   real model (kimi32's 4 small layers leave the server host-bound; docs/gpu-serving.md).
+* ``kimi48`` (``kimi-linear-48b/`` + ``-draft/``): configs only, the same for all 27 layers of
+  Kimi-Linear-48B-A3B (20 KDA, 7 MLA); one server per H200.
 
 The tiny and kimi32 pairs share one byte-level BPE tokenizer (vocab 512) and chat template. Only missing files are
 written, and every run writes the same bytes: weights come from a seeded ``torch.Generator`` on the
@@ -183,7 +185,21 @@ KIMI48_8L = replace(
     random_weights=True,
 )
 
-SPECS = {spec.name: spec for spec in (TINY, KIMI32, KIMI48_8L)}
+# Kimi-Linear-48B-A3B at TP1, all 27 layers: MLA at layers 4, 8, 12, 16, 20, 24 and 27 (1-based, as
+# its config's full_attn_layers), KDA at the other 20; MoE as above (~97 GB of bf16 weights, one
+# server per H200). The served model whose step is GPU-bound at serving concurrency, where kimi48-8l
+# still left the host the limit (docs/gpu-serving.md); random weights, tokens/s only.
+KIMI48 = replace(
+    KIMI48_8L,
+    name="kimi48",
+    target_dir="kimi-linear-48b",
+    draft_dir="kimi-linear-48b-draft",
+    seed=SEED + 49,
+    layers=tuple("mla" if layer in (3, 7, 11, 15, 19, 23, 26) else "kda" for layer in range(27)),
+    draft_target_layers=(1, 9, 17, 25),
+)
+
+SPECS = {spec.name: spec for spec in (TINY, KIMI32, KIMI48_8L, KIMI48)}
 
 # The tiny pair's directories (the demo, the examples and the CPU tests use them by these names).
 TARGET_DIR = TINY.target_dir
