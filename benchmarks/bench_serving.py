@@ -211,22 +211,67 @@ def _union_us(intervals: List[tuple]) -> float:
     return busy
 
 
+# CUDA runtime calls in which the host waits for the GPU (a D2H copy to pageable memory, .item(),
+# an event or stream synchronize)
+HOST_WAIT = re.compile(r"Synchronize|^cudaMemcpy$|^cuMemcpyDtoH")
+# Python frames that say where a wait comes from (SGLang's and the plugin's code, not torch's)
+OWN_FRAME = re.compile(r"sglang")
+
+
+def host_waits(events: List[dict], depth: int = 3) -> Dict[str, List[float]]:
+    """Host waits for the GPU in one trace, by where they happen: ``{frames: [total us, count]}``,
+    ``frames`` = the ``depth`` innermost enclosing SGLang / plugin Python frames of the waiting
+    CUDA runtime call on its thread, innermost first, joined by " <- " (``python_function`` events
+    nest per thread; ``--profile-cpu`` records them)."""
+    by_tid: Dict[object, List[tuple]] = {}
+    for ev in events:
+        cat, name = ev.get("cat"), ev.get("name", "")
+        if "ts" not in ev:
+            continue
+        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
+        if cat == "python_function":
+            by_tid.setdefault(ev.get("tid"), []).append((ts, -dur, 0, name))  # outer frame first
+        elif cat == "cuda_runtime" and HOST_WAIT.search(name):
+            by_tid.setdefault(ev.get("tid"), []).append((ts, -dur, 1, name))
+    waits: Dict[str, List[float]] = {}
+    for items in by_tid.values():
+        stack: List[tuple] = []  # open frames: (end, name)
+        for ts, neg_dur, is_wait, name in sorted(items):
+            while stack and stack[-1][0] <= ts:
+                stack.pop()
+            if not is_wait:
+                stack.append((ts - neg_dur, name))
+                continue
+            frames = [frame for _, frame in reversed(stack) if OWN_FRAME.search(frame)][:depth]
+            key = " <- ".join(frames) or "(no SGLang frame)"
+            acc = waits.setdefault(key, [0.0, 0])
+            acc[0] += -neg_dur
+            acc[1] += 1
+    return waits
+
+
 def kda_share(trace_dir: str) -> dict:
     """Share of GPU kernel time in KDA-core kernels over every trace file under ``trace_dir`` (each
     KDA kernel's total time and call count), and how busy the GPU was: ``gpu_busy_share`` = union
     of kernel intervals / span from the first kernel's start to the last one's end (a served step
-    far below 1 is host-bound, and kernel speed-ups
-    then barely move tokens/s). Host-side events (the second trace of ``--profile-cpu``) are summed
-    by name into ``host_top_us`` (nested events each count: an indication, not a partition)."""
+    far below 1 is host-bound, and kernel speed-ups then barely move tokens/s). Host-side events
+    (the second trace of ``--profile-cpu``) are summed by name into ``host_top_us`` (nested events
+    each count: an indication, not a partition), and the host's waits for the GPU by where they
+    happen into ``host_waits_us`` (:func:`host_waits`)."""
     files = glob.glob(os.path.join(trace_dir, "**", "*.json*"), recursive=True)
     total = kda = span = busy = 0.0
     names: Dict[str, float] = {}
     calls: Dict[str, int] = {}
     host: Dict[str, float] = {}
+    waits: Dict[str, List[float]] = {}
     for path in files:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt") as f:
             events = json.load(f).get("traceEvents", [])
+        for key, (us, count) in host_waits(events).items():
+            acc = waits.setdefault(key, [0.0, 0])
+            acc[0] += us
+            acc[1] += count
         intervals = []
         for ev in events:
             cat = ev.get("cat")
@@ -258,6 +303,8 @@ def kda_share(trace_dir: str) -> dict:
         "gpu_busy_share": busy / span if span else None,
         "host_top_us": dict(sorted(host.items(), key=lambda kv: -kv[1])[:40]),
         "host_kda_us": {k: v for k, v in sorted(host.items(), key=lambda kv: -kv[1]) if HOST_KDA.search(k)},
+        "host_waits_us": {key: {"us": us, "count": count}
+                          for key, (us, count) in sorted(waits.items(), key=lambda kv: -kv[1][0])[:20]},
     }
 
 
@@ -477,7 +524,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         run["profile"] = profile(run["server"], args, os.path.join(args.log_dir, f"profile-{name}"))
                         if args.profile_cpu:  # a second trace: host tracing must not skew the GPU-busy share
                             traced = profile(run["server"], args, os.path.join(args.log_dir, f"profile-host-{name}"), host=True)
-                            run["profile"]["host"] = {k: traced[k] for k in ("span_us", "host_top_us", "host_kda_us")}
+                            run["profile"]["host"] = {k: traced[k] for k in ("span_us", "host_top_us", "host_kda_us", "host_waits_us")}
                     except Exception as exc:  # noqa: BLE001 - the measured levels stay valid
                         run["profile"] = {"error": f"{type(exc).__name__}: {exc}"[-1000:]}
                     save()

@@ -61,6 +61,43 @@ def test_gpu_busy_share_is_the_union_of_kernel_intervals_over_the_span(tmp_path)
     assert share["host_kda_us"] == {"sglang_dspark_plugin/commit.py(60): commit_verified_states": 4.0}
 
 
+def test_host_waits_are_attributed_to_the_innermost_sglang_frames(tmp_path):
+    """A host wait for the GPU (a CUDA runtime synchronize) is charged to the SGLang / plugin Python
+    frames around it on its thread, innermost first; torch frames are skipped, other threads and
+    non-waiting runtime calls are not counted."""
+    def py(name, ts, dur, tid=1):
+        return {"cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    def rt(name, ts, dur, tid=1):
+        return {"cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    events = [
+        py("sglang/srt/managers/scheduler.py(10): event_loop", 0.0, 1000.0),
+        py("sglang/srt/managers/overlap_utils.py(587): resolve_seq_lens_cpu", 100.0, 300.0),
+        py("torch/cuda/streams.py(5): synchronize", 150.0, 200.0),
+        rt("cudaStreamSynchronize", 160.0, 180.0),
+        py("sglang_dspark_plugin/commit.py(60): commit_verified_states", 500.0, 100.0),
+        rt("cudaLaunchKernel", 510.0, 5.0),  # not a wait
+        rt("cudaEventSynchronize", 520.0, 30.0),
+        rt("cudaStreamSynchronize", 700.0, 40.0),  # only the event loop around it
+        rt("cudaStreamSynchronize", 50.0, 70.0, tid=2),  # a thread without Python frames
+    ]
+    waits = bench_serving.host_waits(events, depth=2)
+    assert waits == {
+        "sglang/srt/managers/overlap_utils.py(587): resolve_seq_lens_cpu <- "
+        "sglang/srt/managers/scheduler.py(10): event_loop": [180.0, 1],
+        "sglang_dspark_plugin/commit.py(60): commit_verified_states <- "
+        "sglang/srt/managers/scheduler.py(10): event_loop": [30.0, 1],
+        "sglang/srt/managers/scheduler.py(10): event_loop": [40.0, 1],
+        "(no SGLang frame)": [70.0, 1],
+    }
+    with open(tmp_path / "t.trace.json", "w") as f:
+        json.dump({"traceEvents": events}, f)
+    summary = bench_serving.kda_share(str(tmp_path))["host_waits_us"]
+    assert list(summary)[0].startswith("sglang/srt/managers/overlap_utils.py(587)")  # largest first
+    assert summary["(no SGLang frame)"] == {"us": 70.0, "count": 1}
+
+
 def test_summary_is_the_median_of_rounds_with_spread():
     samples = [
         {"tokens_per_s": tps, "median_itl_ms": itl, "median_ttft_ms": 10.0, "accept_length": acc}
