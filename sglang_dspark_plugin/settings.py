@@ -69,18 +69,19 @@ def pdl_enabled() -> bool:
 def lazy_records_enabled() -> bool:
     """``SGLANG_DSPARK_LAZY_RECORDS`` is ``1`` or ``all`` (the lazy record ring where it is safe).
     Off by default until it is shown faster in served tokens/s (docs/lazy-flush.md)."""
-    return os.environ.get(LAZY_RECORDS_ENV, "0") in ("1", "all")
+    return lazy_records_setting() in ("1", "all")
 
 
 def lazy_records_setting() -> Optional[str]:
-    """The raw ``SGLANG_DSPARK_LAZY_RECORDS`` value, None when unset (for log lines)."""
+    """The raw ``SGLANG_DSPARK_LAZY_RECORDS`` value, None when unset (log lines; the two settings
+    around it are read from it)."""
     return os.environ.get(LAZY_RECORDS_ENV)
 
 
 def lazy_records_any_window() -> bool:
     """``SGLANG_DSPARK_LAZY_RECORDS=all``: the lazy record ring also for verify windows above
     ``LAZY_RECORDS_MAX_WINDOW`` tokens."""
-    return os.environ.get(LAZY_RECORDS_ENV) == "all"
+    return lazy_records_setting() == "all"
 
 
 def tiny_dir() -> Optional[str]:

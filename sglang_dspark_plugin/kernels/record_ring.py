@@ -230,19 +230,18 @@ def commit_records(
     if has_track:
         track_out = torch.empty(2, N, dtype=torch.int32, device=record_cursor.device)
     layers, D = conv_state.shape[0], conv_state.shape[-1]
-    if N == 0:
-        return None if track_out is None else (track_out[0], track_out[1])
-    dummy = slot_indices
-    # no layers: one layer program still moves the cursors; its conv copies are masked off (D = 0)
-    _commit_records_kernel[(N, max(layers, 1), triton.cdiv(D, CONV_BLOCK))](
-        record_cursor, slot_indices, accept_lens, intermediate_rows,
-        track_slot_indices if has_track else dummy, track_steps if has_track else dummy,
-        track_out[0] if has_track else dummy, track_out[1] if has_track else dummy,
-        conv_state, intermediate_conv,
-        D if layers else 0,
-        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
-        intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
-        intermediate_conv.stride(3),
-        STEPS=steps, RING_LEN=ring_len, HAS_TRACK=has_track, BLOCK=CONV_BLOCK,
-    )
+    if N > 0:
+        dummy = slot_indices
+        # no layers: one layer program still moves the cursors; its conv copies are masked off (D = 0)
+        _commit_records_kernel[(N, max(layers, 1), triton.cdiv(D, CONV_BLOCK))](
+            record_cursor, slot_indices, accept_lens, intermediate_rows,
+            track_slot_indices if has_track else dummy, track_steps if has_track else dummy,
+            track_out[0] if has_track else dummy, track_out[1] if has_track else dummy,
+            conv_state, intermediate_conv,
+            D if layers else 0,
+            conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
+            intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
+            intermediate_conv.stride(3),
+            STEPS=steps, RING_LEN=ring_len, HAS_TRACK=has_track, BLOCK=CONV_BLOCK,
+        )
     return None if track_out is None else (track_out[0], track_out[1])
