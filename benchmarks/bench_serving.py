@@ -58,11 +58,12 @@ sys.path.insert(0, ROOT)
 from sglang_dspark_plugin.harness import tiny_models  # noqa: E402
 from sglang_dspark_plugin.harness.serving import SGLangServer, tiny_model_args  # noqa: E402
 
-# Kernels of the KDA attention core, ours and SGLang's (conv, recurrence, verify, fold, snapshot
-# copies of conv windows); projections, norms and the output gate of KDA layers are not counted.
+# Kernels of the KDA attention core, ours and SGLang's (conv, recurrence, verify, fold or the lazy
+# ring's commit and materialisation, snapshot copies of conv windows); projections, norms and the
+# output gate of KDA layers are not counted.
 KDA_KERNEL = re.compile(
     r"kda|delta_rule|conv1d|replayssm|mtp_verify|_verify_(prep|stream|finish)_kernel|^_decode_kernel"
-    r"|copy_conv_windows|_fold_kernel|gating_verify",
+    r"|copy_conv_windows|_fold_kernel|gating_verify|_(commit|materialize)_records_kernel",
     re.IGNORECASE,
 )
 

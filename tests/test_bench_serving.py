@@ -23,21 +23,22 @@ def _trace(path, kernels):
 def test_kda_share_counts_only_kda_core_kernels(tmp_path):
     _trace(tmp_path / "a-TP-0.trace.json.gz", [
         ("_verify_prep_kernel", 30.0), ("_verify_stream_kernel", 20.0), ("_replayssm_fold_kernel", 10.0),
-        ("_verify_prep_kernel", 6.0),
+        ("_verify_prep_kernel", 6.0), ("_commit_records_kernel", 2.0), ("_materialize_records_kernel", 1.0),
         ("fused_recurrent_kda_packed_decode_kernel", 5.0), ("_causal_conv1d_update_kernel", 5.0),
         ("sm90_xmma_gemm_bf16bf16_bf16f32", 100.0), ("flash_fwd_kernel", 30.0),
     ])  # fmt: skip
     share = bench_serving.kda_share(str(tmp_path))
     assert share["trace_files"] == 1
-    assert share["kernel_us"] == pytest.approx(206.0)
-    assert share["kda_us"] == pytest.approx(76.0)
-    assert share["kda_share"] == pytest.approx(76.0 / 206.0)
+    assert share["kernel_us"] == pytest.approx(209.0)
+    assert share["kda_us"] == pytest.approx(79.0)
+    assert share["kda_share"] == pytest.approx(79.0 / 209.0)
     assert share["kda_kernels_us"]["_verify_prep_kernel"] == pytest.approx(36.0)
     assert share["kda_kernel_calls"]["_verify_prep_kernel"] == 2
     assert share["kda_kernel_calls"]["_verify_stream_kernel"] == 1
     assert set(share["kda_kernels_us"]) == {
         "_verify_prep_kernel", "_verify_stream_kernel", "_replayssm_fold_kernel",
         "fused_recurrent_kda_packed_decode_kernel", "_causal_conv1d_update_kernel",
+        "_commit_records_kernel", "_materialize_records_kernel",
     }  # fmt: skip
 
 
