@@ -49,9 +49,9 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None, lazy: bo
 
     ``lazy`` (the lazy record ring): always the chunked kernels (the only ones that keep records),
     with the same tiles, except 4 warps for the finished streaming kernel (windows of 5+ tokens):
-    with its 16-wide epilogue products it spills with 2 (``benchmarks/sass_report.py --lazy``:
-    255 registers + 48 B stack at 8-token windows; 163 registers with 4). Not yet timed on a GPU
-    (docs/lazy-flush.md); such windows keep the lazy ring off by default."""
+    with its 16-wide epilogue products it needs 254 registers with 2 (``benchmarks/sass_report.py
+    --lazy``, 8-token windows; 147 with 4). Such windows keep the lazy ring off by default: its step
+    is still slower there than verify + fold (docs/lazy-flush.md)."""
     if lazy:
         cfg = verify_ring(H, N, steps, "chunked")
         return dict(cfg, num_warps=4) if cfg["finish"] else cfg

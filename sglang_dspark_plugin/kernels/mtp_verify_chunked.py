@@ -502,10 +502,12 @@ def _verify_stream_kernel(
             o = acc + _mm_small(tl.trans(yv), tl.trans(P), TW)
         else:
             acc_q, acc_k = tl.split(tl.permute(tl.reshape(acc, [BV, 2, TW]), [0, 2, 1]))
-            if FINISHED:  # acc_q = S W^T; 16-wide (tl.dot) products: 8-wide ones in registers cost
-                # ~50 us each at H=32, N=64 (H200, 8-token windows)
-                o = acc_q + _mm_small(tl.trans(yv), tl.trans(P), TW)
-                U = _mm_small(tl.trans(yv), tl.trans(Tm), TW) - _mm_small(acc_k, tl.trans(Tk), TW)
+            if FINISHED:  # acc_q = S W^T; 16-wide products on the tensor cores (DOT_PREC): 8-wide
+                # ones in registers cost ~50 us each, and 16-wide IEEE (FMA) ones 75 us for the three,
+                # against 27 us here (H200, H=32, N=64, 8-token windows)
+                o = acc_q + tl.dot(tl.trans(yv), tl.trans(P), input_precision=DOT_PREC)
+                U = (tl.dot(tl.trans(yv), tl.trans(Tm), input_precision=DOT_PREC)
+                     - tl.dot(acc_k, tl.trans(Tk), input_precision=DOT_PREC))
             else:
                 Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
                 o = acc_q * rq[None, :] + _mm_small(Z, tl.trans(P), TP)
