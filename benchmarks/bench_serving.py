@@ -68,6 +68,15 @@ KDA_KERNEL = re.compile(
 )
 
 
+# The KDA kernel launched once per KDA layer in every decode or verify forward (ours: the chunked
+# streaming verify, the recurrent verify, the decode; SGLang's: its recurrent verify / decode):
+# its calls / KDA layers = the decode and verify forwards in a trace. Prefill kernels (chunked
+# KDA, the conv over a prompt) are left out of the per-step time.
+STEP_KERNEL = re.compile(r"^_verify_stream_kernel$|^_mtp_verify_kernel$|^_decode_kernel$"
+                         r"|^fused_sigmoid_gating_delta_rule_update_kernel$|^fused_recurrent_kda")
+PREFILL_KERNEL = re.compile(r"^chunk_|_chunk_|^_causal_conv1d_fwd_kernel$")
+
+
 # Host-side (Python) functions of the KDA path, ours and SGLang's, in a --profile-cpu trace.
 HOST_KDA = re.compile(r"sglang_dspark_plugin|kda_backend|hybrid_linear_attn_backend|update_mamba_state|"
                       r"replayssm|linear/utils")
@@ -251,14 +260,19 @@ def host_waits(events: List[dict], depth: int = 3) -> Dict[str, List[float]]:
     return waits
 
 
-def kda_share(trace_dir: str) -> dict:
+def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
     """Share of GPU kernel time in KDA-core kernels over every trace file under ``trace_dir`` (each
     KDA kernel's total time and call count), and how busy the GPU was: ``gpu_busy_share`` = union
     of kernel intervals / span from the first kernel's start to the last one's end (a served step
     far below 1 is host-bound, and kernel speed-ups then barely move tokens/s). Host-side events
     (the second trace of ``--profile-cpu``) are summed by name into ``host_top_us`` (nested events
     each count: an indication, not a partition), and the host's waits for the GPU by where they
-    happen into ``host_waits_us`` (:func:`host_waits`)."""
+    happen into ``host_waits_us`` (:func:`host_waits`).
+
+    With ``kda_layers`` (the model's KDA layer count): ``kda_steps``, the decode / verify forwards
+    in the traces (:data:`STEP_KERNEL` calls / layers), and ``kda_step_us``, their KDA kernel time
+    per forward (prefill kernels left out): comparable between servers whose profiled windows
+    caught different numbers of prefills."""
     files = glob.glob(os.path.join(trace_dir, "**", "*.json*"), recursive=True)
     total = kda = span = busy = 0.0
     names: Dict[str, float] = {}
@@ -291,6 +305,9 @@ def kda_share(trace_dir: str) -> dict:
         if intervals:
             span += max(b for _, b in intervals) - min(a for a, _ in intervals)
             busy += _union_us(intervals)
+    step_calls = max((n for name, n in calls.items() if STEP_KERNEL.search(name)), default=0)
+    steps = step_calls // kda_layers if kda_layers else 0
+    step_kda = sum(us for name, us in names.items() if not PREFILL_KERNEL.search(name))
     return {
         "trace_files": len(files),
         "kernel_us": total,
@@ -299,6 +316,8 @@ def kda_share(trace_dir: str) -> dict:
         "kda_kernels_us": dict(sorted(names.items(), key=lambda kv: -kv[1])[:12]),
         # per call: comparable with bench_kernels.py's per-kernel times at the served batch
         "kda_kernel_calls": {name: calls[name] for name in sorted(names, key=lambda n: -names[n])[:12]},
+        "kda_steps": steps,
+        "kda_step_us": step_kda / steps if steps else None,
         "span_us": span,
         "gpu_busy_us": busy,
         "gpu_busy_share": busy / span if span else None,
@@ -334,7 +353,7 @@ def profile(server: SGLangServer, args, out_dir: str, host: bool = False) -> dic
     while time.monotonic() < deadline and not traces():
         time.sleep(1.0)
     time.sleep(2.0)  # the exporter writes the file in one go; let it finish
-    return kda_share(out_dir)
+    return kda_share(out_dir, kda_layers=tiny_models.SPECS[args.model].layers.count("kda"))
 
 
 def _post_text(server: SGLangServer, path: str, payload: dict) -> str:
@@ -406,7 +425,7 @@ def render(result: dict) -> str:
     """Markdown table: tokens/s (x stock without speculation) and median ITL per concurrency."""
     levels = result["args"]["concurrency"]
     head = ["config"] + [f"c={c} tok/s" for c in levels] + [f"c={c} ITL ms" for c in levels]
-    head += ["accept length", "KDA share", "GPU busy"]
+    head += ["accept length", "KDA share", "KDA us / step", "GPU busy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     stock = {lv["concurrency"]: lv["tokens_per_s"] for lv in result["runs"].get("stock", {}).get("levels", [])}
     for name, row in result["runs"].items():
@@ -422,8 +441,9 @@ def render(result: dict) -> str:
         accepts = [lv["accept_length"] for lv in row["levels"] if lv["accept_length"]]
         accept = f"{statistics.mean(accepts):.2f}" if accepts else "-"
         prof = row.get("profile") or {}
-        share, busy = prof.get("kda_share"), prof.get("gpu_busy_share")
+        share, busy, step = prof.get("kda_share"), prof.get("gpu_busy_share"), prof.get("kda_step_us")
         lines.append("| " + " | ".join([name, *tps, *itl, accept, f"{share:.0%}" if share is not None else "-",
+                                        f"{step:.0f}" if step is not None else "-",
                                         f"{busy:.0%}" if busy is not None else "-"]) + " |")
     return "\n".join(lines)
 

@@ -42,6 +42,24 @@ def test_kda_share_counts_only_kda_core_kernels(tmp_path):
     }  # fmt: skip
 
 
+def test_kda_step_time_counts_decode_and_verify_forwards_and_leaves_out_prefills(tmp_path):
+    # 2 KDA layers; 3 verify forwards (6 streaming launches, 6 preps, 3 folds) and one prefill
+    # (chunked KDA + prompt conv on both layers): 3 steps of (6 * 20 + 6 * 10 + 3 * 30) / 3 us
+    verify = [("_verify_stream_kernel", 20.0)] * 6 + [("_verify_prep_kernel", 10.0)] * 6
+    verify += [("_replayssm_fold_kernel", 30.0)] * 3
+    prefill = [("chunk_kda_fwd_kernel_inter_solve_fused", 50.0), ("kda_gate_chunk_cumsum_vector_kernel", 5.0),
+               ("_causal_conv1d_fwd_kernel", 7.0)] * 2
+    _trace(tmp_path / "a-TP-0.trace.json.gz", verify + prefill + [("sm90_xmma_gemm_bf16bf16_bf16f32", 100.0)])
+    share = bench_serving.kda_share(str(tmp_path), kda_layers=2)
+    assert share["kda_steps"] == 3
+    assert share["kda_step_us"] == pytest.approx((6 * 20.0 + 6 * 10.0 + 3 * 30.0) / 3)
+    # SGLang's own verify kernel counts the same way; without the layer count there is no per-step time
+    _trace(tmp_path / "a-TP-0.trace.json.gz", [("fused_sigmoid_gating_delta_rule_update_kernel", 40.0)] * 8
+           + [("kda_replayssm_exact_fold_kernel", 60.0)] * 2)
+    assert bench_serving.kda_share(str(tmp_path), kda_layers=4)["kda_step_us"] == pytest.approx((8 * 40 + 2 * 60) / 2)
+    assert bench_serving.kda_share(str(tmp_path))["kda_step_us"] is None
+
+
 def test_gpu_busy_share_is_the_union_of_kernel_intervals_over_the_span(tmp_path):
     # kernels at [0, 10), [5, 15) (overlapping: counted once), [40, 50): busy 25 of a 50 us span
     events = [{"cat": "kernel", "name": n, "ts": ts, "dur": 10.0} for n, ts in (("a", 0.0), ("b", 5.0), ("c", 40.0))]
@@ -117,11 +135,12 @@ def test_table_shows_speedup_over_stock_and_errors():
         "args": {"concurrency": [1, 8]},
         "runs": {
             "stock": {"levels": [level(1, 100.0), level(8, 400.0)]},
-            "dspark": {"levels": [level(1, 150.0), level(8, 400.0)], "profile": {"kda_share": 0.25, "gpu_busy_share": 0.6}},
+            "dspark": {"levels": [level(1, 150.0), level(8, 400.0)], "profile": {"kda_share": 0.25, "gpu_busy_share": 0.6,
+                                                                       "kda_step_us": 2981.4}},
             "stock-dspark": {"error": "ServerStartError: boom", "levels": []},
         },
     }
     table = bench_serving.render(result).splitlines()
     assert table[0].startswith("| config | c=1 tok/s | c=8 tok/s |")
-    assert "| dspark | 150 (1.50x) | 400 (1.00x) | 2.00 | 2.00 | - | 25% | 60% |" in table
+    assert "| dspark | 150 (1.50x) | 400 (1.00x) | 2.00 | 2.00 | - | 25% | 2981 | 60% |" in table
     assert any(row.startswith("| stock-dspark | error: ServerStartError: boom") for row in table)
