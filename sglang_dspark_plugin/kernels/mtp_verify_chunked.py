@@ -503,8 +503,8 @@ def _verify_stream_kernel(
         else:
             acc_q, acc_k = tl.split(tl.permute(tl.reshape(acc, [BV, 2, TW]), [0, 2, 1]))
             if FINISHED:  # acc_q = S W^T; 16-wide products on the tensor cores (DOT_PREC): 8-wide
-                # ones in registers cost ~50 us each, and 16-wide IEEE (FMA) ones 75 us for the three,
-                # against 27 us here (H200, H=32, N=64, 8-token windows)
+                # ones in registers, or IEEE fp32 ones (FMAs), were the kernel's largest cost on the
+                # H200 (docs/lazy-flush.md, eleventh and fourteenth sessions)
                 o = acc_q + tl.dot(tl.trans(yv), tl.trans(P), input_precision=DOT_PREC)
                 U = (tl.dot(tl.trans(yv), tl.trans(Tm), input_precision=DOT_PREC)
                      - tl.dot(acc_k, tl.trans(Tk), input_precision=DOT_PREC))
