@@ -498,8 +498,8 @@ def _verify_stream_kernel(
         if not LAZY:
             tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
                      + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=live[:, None])
-        if not SPLIT_ACC:
-            o = acc + _mm_small(tl.trans(yv), tl.trans(P), TW)
+        if not SPLIT_ACC:  # FINISHED, TW >= 16: the window product on the tensor cores, as the state's
+            o = acc + tl.dot(tl.trans(yv), tl.trans(P), input_precision=DOT_PREC)
         else:
             acc_q, acc_k = tl.split(tl.permute(tl.reshape(acc, [BV, 2, TW]), [0, 2, 1]))
             if FINISHED:  # acc_q = S W^T; 16-wide products on the tensor cores (DOT_PREC): 8-wide
