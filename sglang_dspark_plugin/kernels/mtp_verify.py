@@ -266,8 +266,8 @@ def mtp_verify(
         program (power of two dividing 128), warps; chunked kernel only: the ``tl.dot`` K-chunk
         (16..128) and pipeline stages of its streaming kernel.
     dot_precision : str, optional
-        Chunked kernel: ``tl.dot`` input precision of the state product (and of the lazy
-        ring's finished epilogue products), ``"tf32x3"`` (default,
+        Chunked kernel: ``tl.dot`` input precision of the state product (and of the
+        finished epilogue products, plain and lazy), ``"tf32x3"`` (default,
         about fp32 accuracy on tensor cores), ``"ieee"`` (exact fp32 FMA) or ``"tf32"``.
     impl : str, optional
         ``None``/``"auto"``: the launch table's choice (ring mode: the chunked prep + streaming
