@@ -498,23 +498,24 @@ def _verify_stream_kernel(
         if not LAZY:
             tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
                      + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=live[:, None])
-        if not SPLIT_ACC:  # FINISHED, TW >= 16: the window product on the tensor cores, as the state's
-            o = acc + tl.dot(tl.trans(yv), tl.trans(P), input_precision=DOT_PREC)
-        else:
+        if SPLIT_ACC:
             acc_q, acc_k = tl.split(tl.permute(tl.reshape(acc, [BV, 2, TW]), [0, 2, 1]))
-            if FINISHED:  # acc_q = S W^T; 16-wide products on the tensor cores (DOT_PREC): 8-wide
-                # ones in registers, or IEEE fp32 ones (FMAs), were the kernel's largest cost on the
-                # H200 (docs/lazy-flush.md, eleventh and fourteenth sessions)
-                o = acc_q + tl.dot(tl.trans(yv), tl.trans(P), input_precision=DOT_PREC)
+        else:
+            acc_q = acc
+        if FINISHED:  # acc_q = S W^T; 16-wide products on the tensor cores (DOT_PREC): 8-wide
+            # ones in registers, or IEEE fp32 ones (FMAs), were the kernel's largest cost on the
+            # H200 (docs/lazy-flush.md, eleventh and fourteenth sessions)
+            o = acc_q + tl.dot(tl.trans(yv), tl.trans(P), input_precision=DOT_PREC)
+            if LAZY:
                 U = (tl.dot(tl.trans(yv), tl.trans(Tm), input_precision=DOT_PREC)
                      - tl.dot(acc_k, tl.trans(Tk), input_precision=DOT_PREC))
-            else:
-                Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
-                o = acc_q * rq[None, :] + _mm_small(Z, tl.trans(P), TP)
-                if LAZY:
-                    U = _mm_small(Z, tl.trans(Tm), TP)
-                    tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + (base + offs_t) * s_rb_t, rk,
-                             mask=live & (iv == 0))
+        else:
+            Z = tl.trans(yv) - acc_k * rk[None, :]  # [BV, T]
+            o = acc_q * rq[None, :] + _mm_small(Z, tl.trans(P), TP)
+            if LAZY:
+                U = _mm_small(Z, tl.trans(Tm), TP)
+                tl.store(rb_ptr + slot * s_rb_slot + h64 * s_rb_h + (base + offs_t) * s_rb_t, rk,
+                         mask=live & (iv == 0))
         if LAZY:
             # this program's reads of its pending records (D) before a flushing window overwrites
             # them (other programs own other V columns)
