@@ -384,13 +384,26 @@ def start_all(configs: List[Config], args) -> Dict[str, dict]:
     return runs
 
 
+WARMUP_SEED = 7_000_000  # warm-up prompts: seeds far from the measured rounds' 1000 * round + c
+
+
 def measure_all(runs: Dict[str, dict], args, save) -> None:
-    """``--repeats`` rounds; in each, every concurrency level of every live server, one at a time,
-    round-robin, on fresh prompts (no radix-cache hits across rounds). Saves after each round."""
+    """``--warmup-rounds`` unrecorded rounds, then ``--repeats`` rounds; in each, every concurrency
+    level of every live server, one at a time, round-robin, on fresh prompts (no radix-cache hits
+    across rounds). Round ``r`` at concurrency ``c`` always serves the same prompts (seed ``1000 r +
+    c``), so rounds of separate runs pair up (``benchmarks/compare_serving.py``). Saves after each round."""
     live = {name: run for name, run in runs.items() if run.get("server")}
     top = max(args.concurrency)
     for run in live.values():  # warm every batch size once
         measure_level(run["server"].base_url, _prompts(top, args.prompt_len, seed=7), top, 8)
+    # full-length rounds that are not recorded: in one of two kimi48 runs (H200, 2026-12-03,
+    # docs/gpu-serving.md) a fresh server's first rounds ran 6-15 % below its later ones
+    for rep in range(args.warmup_rounds):
+        for c in args.concurrency:
+            prompts = _prompts(max(16, 8 * c), args.prompt_len, seed=WARMUP_SEED + 1000 * rep + c)
+            for name, run in live.items():
+                level = measure_level(run["server"].base_url, prompts, c, args.output_len)
+                print(f"[{name}] warm-up round {rep + 1} c={c}: {level['tokens_per_s']:.0f} tok/s (not recorded)", flush=True)
     for rep in range(args.repeats):
         for c in args.concurrency:
             prompts = _prompts(max(16, 8 * c), args.prompt_len, seed=1000 * (rep + 1) + c)
@@ -490,6 +503,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2, help="measurement rounds (the median is reported)")
+    p.add_argument("--warmup-rounds", type=int, default=1,
+                   help="full-length rounds before the measured ones, not recorded (other prompts)")  # fmt: skip
     p.add_argument("--tp-size", type=int, default=1, help="tensor parallelism of every server")
     p.add_argument("--configs", default=",".join(c.name for c in CONFIGS if c.default))
     p.add_argument("--profile", action="store_true")

@@ -144,3 +144,77 @@ def test_table_shows_speedup_over_stock_and_errors():
     assert table[0].startswith("| config | c=1 tok/s | c=8 tok/s |")
     assert "| dspark | 150 (1.50x) | 400 (1.00x) | 2.00 | 2.00 | - | 25% | 2981 | 60% |" in table
     assert any(row.startswith("| stock-dspark | error: ServerStartError: boom") for row in table)
+
+
+def test_warmup_rounds_are_served_in_full_but_not_recorded(monkeypatch):
+    served = []  # (seed, concurrency, output_len) of every level served
+
+    def fake_prompts(n, length, seed):
+        return [[seed]] * n
+
+    def fake_level(url, prompts, c, output_len):
+        served.append((prompts[0][0], c, output_len))
+        return {"tokens_per_s": float(len(served)), "median_itl_ms": 1.0, "accept_length": None}
+
+    monkeypatch.setattr(bench_serving, "_prompts", fake_prompts)
+    monkeypatch.setattr(bench_serving, "measure_level", fake_level)
+
+    class Server:
+        base_url = "http://x"
+
+    runs = {"a": {"server": Server(), "samples": {}}, "dead": {"server": None, "samples": {}}}
+    args = type("Args", (), {"concurrency": [2, 4], "prompt_len": 8, "output_len": 32, "repeats": 2, "warmup_rounds": 1})
+    bench_serving.measure_all(runs, args, save=lambda: None)
+    # the batch-size warm-up (8 tokens), one full-length warm-up round per level, then the rounds
+    assert served[0] == (7, 4, 8)
+    warm = served[1:3]
+    assert [(c, n) for _, c, n in warm] == [(2, 32), (4, 32)]
+    measured = served[3:]
+    assert [s for s, _, _ in measured] == [1002, 1004, 2002, 2004]  # seeds 1000 r + c, as before
+    assert not {s for s, _, _ in warm} & {s for s, _, _ in measured}
+    # only the measured rounds are recorded, in order
+    assert [x["tokens_per_s"] for x in runs["a"]["samples"]["2"]] == [4.0, 6.0]
+    assert [x["tokens_per_s"] for x in runs["a"]["samples"]["4"]] == [5.0, 7.0]
+    assert runs["dead"]["samples"] == {}
+
+
+compare_serving = pytest.importorskip("compare_serving")
+
+
+def _serving_json(path, runs):
+    with open(path, "w") as f:
+        json.dump({"runs": {name: {"samples": {"64": [{"tokens_per_s": t} for t in tps]}} for name, tps in runs.items()}}, f)
+    return str(path)
+
+
+def test_compare_pairs_rounds_and_says_faster_only_beyond_two_standard_errors(tmp_path):
+    base = [100.0, 200.0, 300.0, 400.0]
+    r = compare_serving.compare(base, [b * k for b, k in zip(base, (1.10, 1.12, 1.09, 1.11))])
+    # by hand: ratios 1.10, 1.12, 1.09, 1.11; mean 1.105; sample variance 0.0005 / 3
+    assert r["mean_ratio"] == pytest.approx(1.105)
+    assert r["se"] == pytest.approx((0.0005 / 3) ** 0.5 / 2)
+    assert r["median_ratio"] == pytest.approx(1.105)
+    assert r["ratio_of_medians"] == pytest.approx((224.0 + 327.0) / 2 / 250.0)  # new: 110, 224, 327, 444
+    assert r["verdict"] == "faster"
+    assert compare_serving.compare(base, [b * 0.9 for b in base])["verdict"] == "slower"
+    noisy = compare_serving.compare(base, [b * k for b, k in zip(base, (1.2, 0.9, 1.15, 0.95))])
+    assert noisy["verdict"] == "not resolved"
+    # --skip leaves out the first rounds of both; fewer than two pairs is an error
+    assert compare_serving.compare(base, [1.0, 2.0, 330.0, 440.0], skip=2)["ratios"] == pytest.approx([1.1, 1.1])
+    with pytest.raises(ValueError, match="at least 2"):
+        compare_serving.compare(base, base, skip=3)
+
+
+def test_compare_reads_a_named_configuration_and_says_which_exist(tmp_path, capsys):
+    one = _serving_json(tmp_path / "one.json", {"fold": [100.0, 110.0, 90.0]})
+    two = _serving_json(tmp_path / "two.json", {"stock": [1.0, 1.0, 1.0], "lazy": [105.0, 112.0, 95.0]})
+    assert compare_serving.main([one, f"{two}:lazy"]) == 0
+    out = capsys.readouterr().out
+    assert "| 3 | 90 | 95 | 1.056 |" in out
+    assert "lazy / fold" in out
+    with pytest.raises(SystemExit, match="name one as"):
+        compare_serving.main([one, two])
+    with pytest.raises(SystemExit, match="no configuration 'eager'"):
+        compare_serving.main([one, f"{two}:eager"])
+    with pytest.raises(SystemExit, match="no rounds at concurrency 8"):
+        compare_serving.main([one, f"{two}:lazy", "--concurrency", "8"])
