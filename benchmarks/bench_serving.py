@@ -15,8 +15,8 @@ ring (``--enable-linear-replayssm``, which needs the no_buffer radix strategy an
 scheduler): ``stock-ring`` (SGLang's buffered decode), ``dspark-ring`` (ours).
 
 Per configuration and concurrency ``c``: ``c`` clients send requests back to back (``requests =
-max(8, 4c)``, each a distinct seeded random prompt of ``--prompt-len`` tokens, exactly
-``--output-len`` greedy output tokens, streamed). Reported: output tokens/s (all output tokens /
+max(16, 8c)``, each a distinct seeded random prompt of ``--prompt-len`` tokens, exactly
+``--output-len`` greedy output tokens, streamed), after ``--warmup-rounds`` unrecorded rounds. Reported: output tokens/s (all output tokens /
 wall time of the level), median inter-token latency (per request ``(t_last - t_first) / (n - 1)``
 over streamed chunks, median over requests), median time to first token, and the speculation
 accept length. With ``--profile`` the torch profiler records ``--profile-steps`` steps of every
