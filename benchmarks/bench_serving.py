@@ -128,6 +128,8 @@ def server_args(cfg: Config, args) -> List[str]:
         # the idle ones would compete with the measured one for the host (it is host-bound)
         "--sleep-on-idle",
     ]  # fmt: skip
+    if args.disable_radix_cache:  # no track slots: fewer mamba slots per request, higher concurrency
+        extra += ["--disable-radix-cache"]
     if cfg.decode_ring:
         extra += ["--enable-linear-replayssm", "--linear-replayssm-cache-len", "16",
                   "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"]  # fmt: skip
@@ -137,6 +139,7 @@ def server_args(cfg: Config, args) -> List[str]:
         spec=tiny_models.SPECS[args.model],
         attention_backend=backend,
         replayssm=cfg.replayssm,
+        replayssm_cache_len=args.ring_len,
         extra=extra,
     )
 
@@ -487,7 +490,7 @@ def plot(result: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(tiny_models.SPECS), default="kimi32",
                    help="tiny: CPU dry run; kimi48-8l / kimi48 (all 27 layers, one server per GPU): "
@@ -506,6 +509,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--warmup-rounds", type=int, default=1,
                    help="full-length rounds before the measured ones, not recorded (other prompts)")  # fmt: skip
     p.add_argument("--tp-size", type=int, default=1, help="tensor parallelism of every server")
+    p.add_argument("--ring-len", type=int, default=None,
+                   help="--linear-replayssm-cache-len of the speculative ReplaySSM configs (default: "
+                   "the smallest power of two >= 2 (gamma + 1))")  # fmt: skip
+    p.add_argument("--disable-radix-cache", action="store_true",
+                   help="serve without SGLang's radix cache (no track slots; the lazy ring stays on)")  # fmt: skip
     p.add_argument("--configs", default=",".join(c.name for c in CONFIGS if c.default))
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-concurrency", type=int, default=32)
@@ -515,7 +523,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--log-dir", default="/tmp/bench-serving")
     p.add_argument("--plot", default=None)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
 
     import torch
 

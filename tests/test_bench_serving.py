@@ -218,3 +218,28 @@ def test_compare_reads_a_named_configuration_and_says_which_exist(tmp_path, caps
         compare_serving.main([one, f"{two}:eager"])
     with pytest.raises(SystemExit, match="no rounds at concurrency 8"):
         compare_serving.main([one, f"{two}:lazy", "--concurrency", "8"])
+
+
+def test_ring_length_and_radix_cache_flags_reach_the_server_arguments():
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    by_name = {c.name: c for c in bench_serving.CONFIGS}
+    lazy, stock = by_name["dspark-dspark-replayssm"], by_name["stock"]
+
+    def flags(cfg, *argv):
+        return bench_serving.server_args(cfg, bench_serving.build_parser().parse_args(["--model", "kimi48", *argv]))
+
+    default = flags(lazy, "--concurrency", "64")
+    assert default[default.index("--linear-replayssm-cache-len") + 1] == "8"  # gamma 3: 2 windows
+    assert "--disable-radix-cache" not in default
+    chosen = flags(lazy, "--concurrency", "192", "--ring-len", "16", "--disable-radix-cache")
+    assert chosen[chosen.index("--linear-replayssm-cache-len") + 1] == "16"
+    assert "--disable-radix-cache" in chosen
+    assert "--linear-replayssm-cache-len" not in flags(stock, "--ring-len", "16")  # no spec ReplaySSM there
+    # SGLang 0.5.23's launch_server reads both flags
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--model-path", "m", "--linear-replayssm-cache-len", "16", "--disable-radix-cache"])
+    assert (ns.linear_replayssm_cache_len, ns.disable_radix_cache) == (16, True)
