@@ -150,6 +150,39 @@ def test_lazy_ring_rejects_bad_arguments():
     assert torch.equal(cursor, torch.zeros_like(cursor))  # nothing ran
 
 
+def test_materialize_records_writes_only_the_live_rows_among_many():
+    """Few live rows among many (what a commit with a track snapshot or two looks like): of 37
+    rows (three blocks of 16, the last one partial, for a kernel that takes rows in blocks) only
+    rows 0, 20 and 36 are live; their slots get the reference state, every other slot keeps its
+    bytes."""
+    from sglang_dspark_plugin.kernels.reference import materialize_records_ref
+
+    g = torch.Generator().manual_seed(12)
+    layers, H, L, N = 1, 1, 8, 37
+    slots = 2 * N
+    dev = "cuda" if CUDA else "cpu"
+    ssm = (torch.randn(layers, slots, H, 128, 128, generator=g) * 0.5).to(dev)
+    rawk = torch.randn(layers, slots, H, L, 128, generator=g).to(dev)
+    gate = (-torch.rand(layers, slots, H, L, 128, generator=g) * 0.3).to(dev)
+    rk = (torch.rand(layers, slots, H, L, generator=g) * 0.1 + 0.05).to(dev)
+    delta = torch.randn(layers, slots, H, L, 128, generator=g).to(dev)
+    src = torch.arange(N, dtype=torch.int32)
+    dst = torch.full((N,), -1, dtype=torch.int32)
+    live = [0, 20, 36]
+    dst[live] = torch.tensor([N + n for n in live], dtype=torch.int32)  # copies into slots N + n
+    cnt = torch.tensor([(3 * n) % (L + 1) for n in range(N)], dtype=torch.int32)
+    cnt[live] = torch.tensor([2, L, 5], dtype=torch.int32)
+    src, cnt, dst = src.to(dev), cnt.to(dev), dst.to(dev)
+    want = ssm.to(F64)
+    materialize_records_ref(want, rawk, gate, rk, delta, src, cnt, dst)
+    before = ssm.clone()
+    materialize_records(ssm, rawk, gate, rk, delta, src, cnt, dst)
+    for n in live:
+        assert rel_err(ssm[:, N + n], want[:, N + n]) <= 1e-5, n
+    untouched = [s for s in range(slots) if s not in {N + n for n in live}]
+    assert same_bytes(ssm[:, untouched], before[:, untouched])
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["fp32-deltas", "split-deltas"])
 def test_materialize_records_against_reference(split):
     """``materialize_records`` (all layers, a copy into another slot, an in-place flush, skipped
