@@ -390,6 +390,11 @@ def start_all(configs: List[Config], args) -> Dict[str, dict]:
 WARMUP_SEED = 7_000_000  # warm-up prompts: seeds far from the measured rounds' 1000 * round + c
 
 
+def _level_prompts(c: int, args, seed: int) -> List[List[int]]:
+    """The prompts of one round at concurrency ``c``: ``max(16, 8c)`` requests."""
+    return _prompts(max(16, 8 * c), args.prompt_len, seed=seed)
+
+
 def measure_all(runs: Dict[str, dict], args, save) -> None:
     """``--warmup-rounds`` unrecorded rounds, then ``--repeats`` rounds; in each, every concurrency
     level of every live server, one at a time, round-robin, on fresh prompts (no radix-cache hits
@@ -403,13 +408,13 @@ def measure_all(runs: Dict[str, dict], args, save) -> None:
     # docs/gpu-serving.md) a fresh server's first rounds ran 6-15 % below its later ones
     for rep in range(args.warmup_rounds):
         for c in args.concurrency:
-            prompts = _prompts(max(16, 8 * c), args.prompt_len, seed=WARMUP_SEED + 1000 * rep + c)
+            prompts = _level_prompts(c, args, seed=WARMUP_SEED + 1000 * rep + c)
             for name, run in live.items():
                 level = measure_level(run["server"].base_url, prompts, c, args.output_len)
                 print(f"[{name}] warm-up round {rep + 1} c={c}: {level['tokens_per_s']:.0f} tok/s (not recorded)", flush=True)
     for rep in range(args.repeats):
         for c in args.concurrency:
-            prompts = _prompts(max(16, 8 * c), args.prompt_len, seed=1000 * (rep + 1) + c)
+            prompts = _level_prompts(c, args, seed=1000 * (rep + 1) + c)
             for name, run in live.items():
                 level = measure_level(run["server"].base_url, prompts, c, args.output_len)
                 run["samples"].setdefault(str(c), []).append(level)
