@@ -275,11 +275,16 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
     With ``kda_layers`` (the model's KDA layer count): ``kda_steps``, the decode / verify forwards
     in the traces (:data:`STEP_KERNEL` calls / layers), and ``kda_step_us``, their KDA kernel time
     per forward (prefill kernels left out): comparable between servers whose profiled windows
-    caught different numbers of prefills."""
+    caught different numbers of prefills.
+
+    Every kernel, KDA or not, is also summed by name into ``kernels_us`` / ``kernel_calls`` (the
+    top 40 by time): ``compare_serving.py --profiles`` diffs two servers' kernels per step."""
     files = glob.glob(os.path.join(trace_dir, "**", "*.json*"), recursive=True)
     total = kda = span = busy = 0.0
     names: Dict[str, float] = {}
     calls: Dict[str, int] = {}
+    every: Dict[str, float] = {}
+    every_calls: Dict[str, int] = {}
     host: Dict[str, float] = {}
     waits: Dict[str, List[float]] = {}
     for path in files:
@@ -299,6 +304,8 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
                 continue
             dur = float(ev.get("dur", 0.0))
             total += dur
+            every[ev.get("name", "")] = every.get(ev.get("name", ""), 0.0) + dur
+            every_calls[ev.get("name", "")] = every_calls.get(ev.get("name", ""), 0) + 1
             if "ts" in ev:
                 intervals.append((float(ev["ts"]), float(ev["ts"]) + dur))
             if KDA_KERNEL.search(ev.get("name", "")):
@@ -321,6 +328,8 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
         "kda_kernel_calls": {name: calls[name] for name in sorted(names, key=lambda n: -names[n])[:12]},
         "kda_steps": steps,
         "kda_step_us": step_kda / steps if steps else None,
+        "kernels_us": dict(sorted(every.items(), key=lambda kv: -kv[1])[:40]),
+        "kernel_calls": {name: every_calls[name] for name in sorted(every, key=lambda n: -every[n])[:40]},
         "span_us": span,
         "gpu_busy_us": busy,
         "gpu_busy_share": busy / span if span else None,

@@ -10,6 +10,11 @@ per-round ratios NEW / BASE, their mean with its standard error, the ratio of th
 verdict: ``faster`` where the mean ratio minus two standard errors is above 1, ``slower`` where the
 mean plus two standard errors is below 1, else ``not resolved``. ``--skip K`` leaves out the first K
 rounds of both (a fresh server's transient).
+
+``--profiles`` (both runs made with ``bench_serving.py --profile``): each kernel's GPU time per
+decode / verify step (its summed time over the profiled window / that window's ``kda_steps``) in
+BASE and NEW, the largest differences first, and all kernels' time and the window's span per step.
+Prefills that fell in a window count in its totals, so compare windows of many steps.
 """
 
 from __future__ import annotations
@@ -39,6 +44,34 @@ def load_rounds(spec: str, concurrency: int) -> tuple:
     return name, [s["tokens_per_s"] for s in samples]
 
 
+def load_profile(spec: str) -> dict:
+    """The ``profile`` summary of ``path[:config]`` (``bench_serving.kda_share``), with its steps."""
+    path, _, name = spec.partition(":")
+    with open(path) as f:
+        runs = json.load(f)["runs"]
+    name = name or next(iter(runs))
+    prof = runs[name].get("profile") or {}
+    if not prof.get("kernels_us") or not prof.get("kda_steps"):
+        raise SystemExit(f"{spec}: no per-kernel profile with its step count (run bench_serving.py --profile)")
+    return prof
+
+
+def kernel_diff(base: dict, new: dict, top: int = 15) -> dict:
+    """Per-step kernel times of two profiles: ``rows`` of ``(name, base us, new us)`` for the
+    ``top`` kernels by the size of the difference, and the all-kernel and span totals per step.
+    A kernel outside one profile's top list counts 0 there."""
+    per = lambda prof, us: us / prof["kda_steps"]  # noqa: E731
+    names = set(base["kernels_us"]) | set(new["kernels_us"])
+    rows = [(n, per(base, base["kernels_us"].get(n, 0.0)), per(new, new["kernels_us"].get(n, 0.0))) for n in names]
+    rows.sort(key=lambda r: -abs(r[2] - r[1]))
+    return {
+        "rows": rows[:top],
+        "kernel_us": (per(base, base["kernel_us"]), per(new, new["kernel_us"])),
+        "span_us": (per(base, base["span_us"]), per(new, new["span_us"])),
+        "steps": (base["kda_steps"], new["kda_steps"]),
+    }
+
+
 def compare(base: List[float], new: List[float], skip: int = 0) -> dict:
     """Paired statistics of ``new[r] / base[r]`` over the rounds both have, the first ``skip`` left out."""
     pairs = list(zip(base, new))[skip:]
@@ -65,6 +98,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("new")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--skip", type=int, default=0, help="leave out the first K rounds of both")
+    p.add_argument("--profiles", action="store_true", help="also diff the two profiles' kernels per step")
     args = p.parse_args(argv)
     base_name, base = load_rounds(args.base, args.concurrency)
     new_name, new = load_rounds(args.new, args.concurrency)
@@ -77,6 +111,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"| {k + 1} | {base[k]:.0f} | {new[k]:.0f} | {ratio:.3f} |")
     print(f"mean ratio {r['mean_ratio']:.3f} +- {r['se']:.3f} (standard error), median ratio "
           f"{r['median_ratio']:.3f}, ratio of medians {r['ratio_of_medians']:.3f}: {r['verdict']}")
+    if args.profiles:
+        d = kernel_diff(load_profile(args.base), load_profile(args.new))
+        print(f"\nGPU us per decode / verify step ({d['steps'][0]} and {d['steps'][1]} steps profiled)")
+        print(f"| kernel | {base_name} | {new_name} | difference |")
+        print("|---|---|---|---|")
+        for label, (b, n) in (("all kernels", d["kernel_us"]), ("span", d["span_us"])):
+            print(f"| {label} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
+        for name, b, n in d["rows"]:
+            print(f"| {name[:80]} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
     return 0
 
 

@@ -243,3 +243,45 @@ def test_ring_length_and_radix_cache_flags_reach_the_server_arguments():
     ServerArgs.add_cli_args(parser)
     ns = parser.parse_args(["--model-path", "m", "--linear-replayssm-cache-len", "16", "--disable-radix-cache"])
     assert (ns.linear_replayssm_cache_len, ns.disable_radix_cache) == (16, True)
+
+
+def test_profile_sums_every_kernel_and_compare_diffs_them_per_step(tmp_path, capsys):
+    # 2 KDA layers; BASE: 3 verify forwards (each: 2 streams, 1 fold, one gemm); NEW: 4 forwards
+    # (2 streams, 1 commit, one gemm each) and one extra kernel in its window
+    base_events = ([("_verify_stream_kernel", 20.0)] * 2 + [("_replayssm_fold_kernel", 30.0),
+                                                            ("sm90_xmma_gemm_bf16bf16_bf16f32", 100.0)]) * 3
+    new_events = ([("_verify_stream_kernel", 25.0)] * 2 + [("_commit_records_kernel", 2.0),
+                                                           ("sm90_xmma_gemm_bf16bf16_bf16f32", 100.0)]) * 4
+    new_events += [("elementwise_kernel", 8.0)]
+    profiles = {}
+    for label, events in (("base", base_events), ("new", new_events)):
+        trace_dir = tmp_path / label
+        trace_dir.mkdir()
+        _trace(trace_dir / "a-TP-0.trace.json.gz", events)
+        profiles[label] = bench_serving.kda_share(str(trace_dir), kda_layers=2)
+    assert profiles["base"]["kernels_us"] == {"sm90_xmma_gemm_bf16bf16_bf16f32": 300.0, "_verify_stream_kernel": 120.0,
+                                              "_replayssm_fold_kernel": 90.0}
+    assert profiles["new"]["kernel_calls"]["_verify_stream_kernel"] == 8
+    d = compare_serving.kernel_diff(profiles["base"], profiles["new"])
+    per_step = {name: (b, n) for name, b, n in d["rows"]}
+    # by hand, per step: fold 30 -> 0, stream 40 -> 50, commit 0 -> 2, extra 0 -> 2, gemm 100 -> 100
+    assert per_step["_replayssm_fold_kernel"] == pytest.approx((30.0, 0.0))
+    assert per_step["_verify_stream_kernel"] == pytest.approx((40.0, 50.0))
+    assert per_step["_commit_records_kernel"] == pytest.approx((0.0, 2.0))
+    assert per_step["elementwise_kernel"] == pytest.approx((0.0, 2.0))
+    assert [name for name, _, _ in d["rows"]][:2] == ["_replayssm_fold_kernel", "_verify_stream_kernel"]
+    assert d["kernel_us"] == pytest.approx((170.0, 154.0))
+    assert d["steps"] == (3, 4)
+    # through the command line, from two result files
+    for label in ("base", "new"):
+        with open(tmp_path / f"{label}.json", "w") as f:
+            json.dump({"runs": {label: {"samples": {"64": [{"tokens_per_s": 100.0}, {"tokens_per_s": 110.0}]},
+                                        "profile": profiles[label]}}}, f)
+    assert compare_serving.main([str(tmp_path / "base.json"), str(tmp_path / "new.json"), "--profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "| _replayssm_fold_kernel | 30.0 | 0.0 | -30.0 |" in out
+    assert "| all kernels | 170.0 | 154.0 | -16.0 |" in out
+    with open(tmp_path / "bare.json", "w") as f:
+        json.dump({"runs": {"x": {"samples": {"64": [{"tokens_per_s": 1.0}, {"tokens_per_s": 1.0}]}}}}, f)
+    with pytest.raises(SystemExit, match="no per-kernel profile"):
+        compare_serving.main([str(tmp_path / "bare.json"), str(tmp_path / "new.json"), "--profiles"])
