@@ -57,8 +57,8 @@ save_cache() {  # the Triton cache, if it fits what a call may bring back
 case "$cmd" in
   e2e)
     export DSPARK_GPU_E2E_LOG_DIR=/tmp/gpu-e2e
-    # one model per call: kimi32 alone takes 280-410 s; both models overrun a call's 10 minutes
-    # (2026-12-03: 96 tests, nothing back). DSPARK_GPU_E2E_MODELS=tiny in a second call.
+    # one model per call: both together overrun a call's 10 minutes (docs/gpu-serving.md);
+    # DSPARK_GPU_E2E_MODELS=tiny in a second call
     export DSPARK_GPU_E2E_MODELS=${DSPARK_GPU_E2E_MODELS:-kimi32}
     mkdir -p "$DSPARK_GPU_E2E_LOG_DIR"
     # its own limit, below the call's: the logs below must still be packed when it is cut short
