@@ -13,7 +13,8 @@ rounds of both (a fresh server's transient).
 
 ``--profiles`` (both runs made with ``bench_serving.py --profile``): each kernel's GPU time per
 decode / verify step (its summed time over the profiled window / that window's ``kda_steps``) in
-BASE and NEW, the largest differences first, and all kernels' time and the window's span per step.
+BASE and NEW, the largest differences first, and per step all kernels' time, the GPU-busy time and
+the window's span (span - busy: the GPU idled, waiting for the host).
 Prefills that fell in a window count in its totals, so compare windows of many steps.
 """
 
@@ -58,7 +59,8 @@ def load_profile(spec: str) -> dict:
 
 def kernel_diff(base: dict, new: dict, top: int = 15) -> dict:
     """Per-step kernel times of two profiles: ``rows`` of ``(name, base us, new us)`` for the
-    ``top`` kernels by the size of the difference, and the all-kernel and span totals per step.
+    ``top`` kernels by the size of the difference, and per step the all-kernel time, the GPU-busy
+    time (union of kernel intervals) and the span: span minus busy is the time the GPU idled.
     A kernel outside one profile's top list counts 0 there."""
     per = lambda prof, us: us / prof["kda_steps"]  # noqa: E731
     names = set(base["kernels_us"]) | set(new["kernels_us"])
@@ -67,6 +69,7 @@ def kernel_diff(base: dict, new: dict, top: int = 15) -> dict:
     return {
         "rows": rows[:top],
         "kernel_us": (per(base, base["kernel_us"]), per(new, new["kernel_us"])),
+        "gpu_busy_us": (per(base, base["gpu_busy_us"]), per(new, new["gpu_busy_us"])),
         "span_us": (per(base, base["span_us"]), per(new, new["span_us"])),
         "steps": (base["kda_steps"], new["kda_steps"]),
     }
@@ -116,7 +119,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"\nGPU us per decode / verify step ({d['steps'][0]} and {d['steps'][1]} steps profiled)")
         print(f"| kernel | {base_name} | {new_name} | difference |")
         print("|---|---|---|---|")
-        for label, (b, n) in (("all kernels", d["kernel_us"]), ("span", d["span_us"])):
+        totals = (("all kernels", d["kernel_us"]), ("GPU busy (kernels' union)", d["gpu_busy_us"]),
+                  ("span (first kernel to last)", d["span_us"]))
+        for label, (b, n) in totals:
             print(f"| {label} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
         for name, b, n in d["rows"]:
             print(f"| {name[:80]} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")

@@ -13,8 +13,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 bench_serving = pytest.importorskip("bench_serving")
 
 
-def _trace(path, kernels):
+def _trace(path, kernels, gap=None):
+    """A trace file of GPU kernels; with ``gap``, timed: laid end to end, ``gap`` us apart."""
     events = [{"cat": "kernel", "name": name, "dur": dur} for name, dur in kernels]
+    if gap is not None:
+        t = 0.0
+        for ev in events:
+            ev["ts"] = t
+            t += ev["dur"] + gap
     events.append({"cat": "cpu_op", "name": "_mtp_verify_kernel", "dur": 1000.0})  # not a GPU kernel
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
@@ -257,7 +263,7 @@ def test_profile_sums_every_kernel_and_compare_diffs_them_per_step(tmp_path, cap
     for label, events in (("base", base_events), ("new", new_events)):
         trace_dir = tmp_path / label
         trace_dir.mkdir()
-        _trace(trace_dir / "a-TP-0.trace.json.gz", events)
+        _trace(trace_dir / "a-TP-0.trace.json.gz", events, gap=1.0)
         profiles[label] = bench_serving.kda_share(str(trace_dir), kda_layers=2)
     assert profiles["base"]["kernels_us"] == {"sm90_xmma_gemm_bf16bf16_bf16f32": 300.0, "_verify_stream_kernel": 120.0,
                                               "_replayssm_fold_kernel": 90.0}
@@ -271,6 +277,10 @@ def test_profile_sums_every_kernel_and_compare_diffs_them_per_step(tmp_path, cap
     assert per_step["elementwise_kernel"] == pytest.approx((0.0, 2.0))
     assert [name for name, _, _ in d["rows"]][:2] == ["_replayssm_fold_kernel", "_verify_stream_kernel"]
     assert d["kernel_us"] == pytest.approx((170.0, 154.0))
+    # the kernels lie end to end, 1 us apart: busy = kernel time; span = that + the gaps between
+    # the 12 (BASE) and 17 (NEW) kernels
+    assert d["gpu_busy_us"] == pytest.approx((170.0, 154.0))
+    assert d["span_us"] == pytest.approx(((510.0 + 11) / 3, (616.0 + 16) / 4))
     assert d["steps"] == (3, 4)
     # through the command line, from two result files
     for label in ("base", "new"):
@@ -281,6 +291,7 @@ def test_profile_sums_every_kernel_and_compare_diffs_them_per_step(tmp_path, cap
     out = capsys.readouterr().out
     assert "| _replayssm_fold_kernel | 30.0 | 0.0 | -30.0 |" in out
     assert "| all kernels | 170.0 | 154.0 | -16.0 |" in out
+    assert "| span (first kernel to last) | 173.7 | 158.0 | -15.7 |" in out
     with open(tmp_path / "bare.json", "w") as f:
         json.dump({"runs": {"x": {"samples": {"64": [{"tokens_per_s": 1.0}, {"tokens_per_s": 1.0}]}}}}, f)
     with pytest.raises(SystemExit, match="no per-kernel profile"):
