@@ -66,13 +66,8 @@ def kernel_diff(base: dict, new: dict, top: int = 15) -> dict:
     names = set(base["kernels_us"]) | set(new["kernels_us"])
     rows = [(n, per(base, base["kernels_us"].get(n, 0.0)), per(new, new["kernels_us"].get(n, 0.0))) for n in names]
     rows.sort(key=lambda r: -abs(r[2] - r[1]))
-    return {
-        "rows": rows[:top],
-        "kernel_us": (per(base, base["kernel_us"]), per(new, new["kernel_us"])),
-        "gpu_busy_us": (per(base, base["gpu_busy_us"]), per(new, new["gpu_busy_us"])),
-        "span_us": (per(base, base["span_us"]), per(new, new["span_us"])),
-        "steps": (base["kda_steps"], new["kda_steps"]),
-    }
+    totals = {key: (per(base, base[key]), per(new, new[key])) for key in ("kernel_us", "gpu_busy_us", "span_us")}
+    return {"rows": rows[:top], **totals, "steps": (base["kda_steps"], new["kda_steps"])}
 
 
 def compare(base: List[float], new: List[float], skip: int = 0) -> dict:
