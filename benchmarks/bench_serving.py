@@ -214,6 +214,26 @@ def measure_level(base_url: str, prompts: List[List[int]], concurrency: int, out
     }
 
 
+def machine() -> dict:
+    """Which machine served: CPU model, logical CPUs and the kernel's boot id (two device calls on
+    one warm machine share it; a fresh machine has another). Host-bound servers run at the host's
+    speed, so runs from different machines differ by more than the code under test
+    (docs/lazy-flush.md, nineteenth session)."""
+
+    def first_line(path: str, prefix: str = "") -> Optional[str]:
+        try:
+            with open(path) as f:
+                for line in f:
+                    if line.startswith(prefix):
+                        return line.split(":", 1)[1].strip() if prefix else line.strip()
+        except OSError:
+            pass
+        return None
+
+    return {"cpu": first_line("/proc/cpuinfo", "model name"), "cpus": os.cpu_count(),
+            "boot_id": first_line("/proc/sys/kernel/random/boot_id")}
+
+
 def _union_us(intervals: List[tuple]) -> float:
     """Total length of the union of ``(start, end)`` intervals (overlapping kernels count once)."""
     busy, end = 0.0, float("-inf")
@@ -556,6 +576,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "sglang": __import__("sglang").__version__,
         "driver": subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                  capture_output=True, text=True).stdout.strip() if torch.cuda.is_available() else None,
+        "machine": machine(),
         "args": vars(args),
         "runs": {},
     }  # fmt: skip

@@ -16,6 +16,10 @@ decode / verify step (its summed time over the profiled window / that window's `
 BASE and NEW, the largest differences first, and per step all kernels' time, the GPU-busy time and
 the window's span (span - busy: the GPU idled, waiting for the host).
 Prefills that fell in a window count in its totals, so compare windows of many steps.
+
+Runs from two machines (``machine`` in each result: a different boot id) get a warning line: a
+partly host-bound server runs at its host's speed, and the served difference between two machines
+can exceed the one under test (docs/lazy-flush.md, nineteenth session).
 """
 
 from __future__ import annotations
@@ -55,6 +59,22 @@ def load_profile(spec: str) -> dict:
     if not prof.get("kernels_us") or not prof.get("kda_steps"):
         raise SystemExit(f"{spec}: no per-kernel profile with its step count (run bench_serving.py --profile)")
     return prof
+
+
+def machine_note(base_path: str, new_path: str) -> Optional[str]:
+    """A warning when the two results came from different machines (or do not say), else None."""
+    machines = []
+    for spec in (base_path, new_path):
+        with open(spec.partition(":")[0]) as f:
+            machines.append(json.load(f).get("machine") or {})
+    base, new = machines
+    if not base.get("boot_id") or not new.get("boot_id"):
+        return "machine: not recorded in both runs; runs from two machines are not comparable at the host-bound part of a step"
+    if base["boot_id"] == new["boot_id"]:
+        return None
+    return (f"WARNING: different machines (boot ids {base['boot_id'][:8]} / {new['boot_id'][:8]}; "
+            f"CPUs {base.get('cpu')} x{base.get('cpus')} / {new.get('cpu')} x{new.get('cpus')}): "
+            "the host-bound part of a served step differs between machines")
 
 
 def kernel_diff(base: dict, new: dict, top: int = 15) -> dict:
@@ -109,6 +129,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"| {k + 1} | {base[k]:.0f} | {new[k]:.0f} | {ratio:.3f} |")
     print(f"mean ratio {r['mean_ratio']:.3f} +- {r['se']:.3f} (standard error), median ratio "
           f"{r['median_ratio']:.3f}, ratio of medians {r['ratio_of_medians']:.3f}: {r['verdict']}")
+    note = machine_note(args.base, args.new)
+    if note:
+        print(note)
     if args.profiles:
         d = kernel_diff(load_profile(args.base), load_profile(args.new))
         print(f"\nGPU us per decode / verify step ({d['steps'][0]} and {d['steps'][1]} steps profiled)")

@@ -187,9 +187,12 @@ def test_warmup_rounds_are_served_in_full_but_not_recorded(monkeypatch):
 compare_serving = pytest.importorskip("compare_serving")
 
 
-def _serving_json(path, runs):
+def _serving_json(path, runs, machine=None):
+    result = {"runs": {name: {"samples": {"64": [{"tokens_per_s": t} for t in tps]}} for name, tps in runs.items()}}
+    if machine is not None:
+        result["machine"] = machine
     with open(path, "w") as f:
-        json.dump({"runs": {name: {"samples": {"64": [{"tokens_per_s": t} for t in tps]}} for name, tps in runs.items()}}, f)
+        json.dump(result, f)
     return str(path)
 
 
@@ -296,3 +299,25 @@ def test_profile_sums_every_kernel_and_compare_diffs_them_per_step(tmp_path, cap
         json.dump({"runs": {"x": {"samples": {"64": [{"tokens_per_s": 1.0}, {"tokens_per_s": 1.0}]}}}}, f)
     with pytest.raises(SystemExit, match="no per-kernel profile"):
         compare_serving.main([str(tmp_path / "bare.json"), str(tmp_path / "new.json"), "--profiles"])
+
+
+def test_results_record_the_machine_and_compare_warns_across_machines(tmp_path, capsys):
+    import uuid
+
+    m = bench_serving.machine()
+    assert m["cpus"] == os.cpu_count()
+    uuid.UUID(m["boot_id"])  # the kernel's boot id is a UUID
+    with open("/proc/cpuinfo") as f:
+        assert f"model name\t: {m['cpu']}\n" in f.read()
+    a = {"cpu": "CPU A", "cpus": 16, "boot_id": "11111111-aaaa"}
+    b = {"cpu": "CPU B", "cpus": 16, "boot_id": "22222222-bbbb"}
+    same = _serving_json(tmp_path / "same.json", {"lazy": [105.0, 112.0, 95.0]}, machine=a)
+    other = _serving_json(tmp_path / "other.json", {"lazy": [105.0, 112.0, 95.0]}, machine=b)
+    unknown = _serving_json(tmp_path / "unknown.json", {"lazy": [105.0, 112.0, 95.0]})
+    fold = _serving_json(tmp_path / "fold.json", {"fold": [100.0, 110.0, 90.0]}, machine=a)
+    compare_serving.main([fold, same])
+    assert "machine" not in capsys.readouterr().out
+    compare_serving.main([fold, other])
+    assert "WARNING: different machines (boot ids 11111111 / 22222222; CPUs CPU A x16 / CPU B x16)" in capsys.readouterr().out
+    compare_serving.main([fold, unknown])
+    assert "machine: not recorded in both runs" in capsys.readouterr().out
