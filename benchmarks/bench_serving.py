@@ -220,18 +220,16 @@ def machine() -> dict:
     speed, so runs from different machines differ by more than the code under test
     (docs/lazy-flush.md, nineteenth session)."""
 
-    def first_line(path: str, prefix: str = "") -> Optional[str]:
+    def read(path: str) -> str:
         try:
             with open(path) as f:
-                for line in f:
-                    if line.startswith(prefix):
-                        return line.split(":", 1)[1].strip() if prefix else line.strip()
+                return f.read()
         except OSError:
-            pass
-        return None
+            return ""
 
-    return {"cpu": first_line("/proc/cpuinfo", "model name"), "cpus": os.cpu_count(),
-            "boot_id": first_line("/proc/sys/kernel/random/boot_id")}
+    cpu = next((line.split(":", 1)[1].strip() for line in read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), None)
+    return {"cpu": cpu, "cpus": os.cpu_count(), "boot_id": read("/proc/sys/kernel/random/boot_id").strip() or None}
 
 
 def _union_us(intervals: List[tuple]) -> float:

@@ -32,42 +32,40 @@ import sys
 from typing import List, Optional
 
 
-def load_rounds(spec: str, concurrency: int) -> tuple:
-    """``(config name, [tokens/s per round])`` from ``path[:config]``."""
+def load_run(spec: str) -> dict:
+    """One configuration's run from ``path[:config]``, the file read once: ``path``, ``spec``,
+    ``name``, ``run`` (its entry under ``runs``) and ``machine`` (``{}`` where not recorded)."""
     path, _, name = spec.partition(":")
     with open(path) as f:
-        runs = json.load(f)["runs"]
+        result = json.load(f)
+    runs = result["runs"]
     if not name:
         if len(runs) != 1:
             raise SystemExit(f"{path} holds {sorted(runs)}: name one as {path}:CONFIG")
         (name,) = runs
     if name not in runs:
         raise SystemExit(f"{path} has no configuration {name!r} (it has {sorted(runs)})")
-    samples = runs[name].get("samples", {}).get(str(concurrency))
+    return {"path": path, "spec": spec, "name": name, "run": runs[name], "machine": result.get("machine") or {}}
+
+
+def rounds_of(loaded: dict, concurrency: int) -> List[float]:
+    """Tokens/s per round at ``concurrency`` of a :func:`load_run` result."""
+    samples = loaded["run"].get("samples", {}).get(str(concurrency))
     if not samples:
-        raise SystemExit(f"{path}:{name} has no rounds at concurrency {concurrency}")
-    return name, [s["tokens_per_s"] for s in samples]
+        raise SystemExit(f"{loaded['path']}:{loaded['name']} has no rounds at concurrency {concurrency}")
+    return [s["tokens_per_s"] for s in samples]
 
 
-def load_profile(spec: str) -> dict:
-    """The ``profile`` summary of ``path[:config]`` (``bench_serving.kda_share``), with its steps."""
-    path, _, name = spec.partition(":")
-    with open(path) as f:
-        runs = json.load(f)["runs"]
-    name = name or next(iter(runs))
-    prof = runs[name].get("profile") or {}
+def profile_of(loaded: dict) -> dict:
+    """The ``profile`` summary (``bench_serving.kda_share``) of a :func:`load_run` result, with its steps."""
+    prof = loaded["run"].get("profile") or {}
     if not prof.get("kernels_us") or not prof.get("kda_steps"):
-        raise SystemExit(f"{spec}: no per-kernel profile with its step count (run bench_serving.py --profile)")
+        raise SystemExit(f"{loaded['spec']}: no per-kernel profile with its step count (run bench_serving.py --profile)")
     return prof
 
 
-def machine_note(base_path: str, new_path: str) -> Optional[str]:
-    """A warning when the two results came from different machines (or do not say), else None."""
-    machines = []
-    for spec in (base_path, new_path):
-        with open(spec.partition(":")[0]) as f:
-            machines.append(json.load(f).get("machine") or {})
-    base, new = machines
+def machine_note(base: dict, new: dict) -> Optional[str]:
+    """A warning when two results' ``machine`` records differ (or one is missing), else None."""
     if not base.get("boot_id") or not new.get("boot_id"):
         return "machine: not recorded in both runs; runs from two machines are not comparable at the host-bound part of a step"
     if base["boot_id"] == new["boot_id"]:
@@ -118,8 +116,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--skip", type=int, default=0, help="leave out the first K rounds of both")
     p.add_argument("--profiles", action="store_true", help="also diff the two profiles' kernels per step")
     args = p.parse_args(argv)
-    base_name, base = load_rounds(args.base, args.concurrency)
-    new_name, new = load_rounds(args.new, args.concurrency)
+    base_run, new_run = load_run(args.base), load_run(args.new)
+    base_name, new_name = base_run["name"], new_run["name"]
+    base, new = rounds_of(base_run, args.concurrency), rounds_of(new_run, args.concurrency)
     r = compare(base, new, args.skip)
     print(f"c={args.concurrency}, rounds {args.skip + 1}..{args.skip + r['rounds']}: {new_name} / {base_name}")
     print("| round | " + base_name + " tok/s | " + new_name + " tok/s | ratio |")
@@ -129,11 +128,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"| {k + 1} | {base[k]:.0f} | {new[k]:.0f} | {ratio:.3f} |")
     print(f"mean ratio {r['mean_ratio']:.3f} +- {r['se']:.3f} (standard error), median ratio "
           f"{r['median_ratio']:.3f}, ratio of medians {r['ratio_of_medians']:.3f}: {r['verdict']}")
-    note = machine_note(args.base, args.new)
+    note = machine_note(base_run["machine"], new_run["machine"])
     if note:
         print(note)
     if args.profiles:
-        d = kernel_diff(load_profile(args.base), load_profile(args.new))
+        d = kernel_diff(profile_of(base_run), profile_of(new_run))
         print(f"\nGPU us per decode / verify step ({d['steps'][0]} and {d['steps'][1]} steps profiled)")
         print(f"| kernel | {base_name} | {new_name} | difference |")
         print("|---|---|---|---|")
