@@ -242,6 +242,44 @@ def _union_us(intervals: List[tuple]) -> float:
     return busy
 
 
+def _gaps(kernels: List[tuple]):
+    """``(A, B, us)`` for every stretch in which no ``(start, end, name)`` kernel ran: A is the
+    kernel that ended last before it, B the one that ended it."""
+    end, last = float("-inf"), None
+    for a, b, name in sorted(kernels):
+        if last is not None and a > end:
+            yield last, name, a - end
+        if b > end:
+            end, last = b, name
+
+
+# gap sizes: launch gaps inside a CUDA graph are ~1-5 us; the host between steps takes far longer
+GAP_SIZES = ((5.0, "< 5 us"), (50.0, "5-50 us"), (500.0, "50-500 us"), (float("inf"), ">= 500 us"))
+
+
+def idle_gaps(kernels: List[tuple]) -> Dict[str, List[float]]:
+    """The GPU's idle time between ``(start, end, name)`` kernels, summed by where it happens:
+    ``"A -> B"`` (A: the kernel that ended last before the gap, B: the one that ended it) maps to
+    ``[us, count]``. The gaps add up to span - busy (:func:`_union_us`); a long gap after a verify's
+    last kernel and before the next step's first is the host between steps (commit, scheduling)."""
+    gaps: Dict[str, List[float]] = {}
+    for before, after, us in _gaps(kernels):
+        acc = gaps.setdefault(f"{before[:60]} -> {after[:60]}", [0.0, 0])
+        acc[0] += us
+        acc[1] += 1
+    return gaps
+
+
+def gap_sizes(kernels: List[tuple]) -> Dict[str, List[float]]:
+    """The same idle time by the size of each gap (:data:`GAP_SIZES`): ``[us, count]`` per class."""
+    sizes: Dict[str, List[float]] = {label: [0.0, 0] for _, label in GAP_SIZES}
+    for _, _, us in _gaps(kernels):
+        label = next(label for bound, label in GAP_SIZES if us < bound)
+        sizes[label][0] += us
+        sizes[label][1] += 1
+    return sizes
+
+
 # CUDA runtime calls in which the host waits for the GPU (a D2H copy to pageable memory, .item(),
 # an event or stream synchronize)
 HOST_WAIT = re.compile(r"Synchronize|^cudaMemcpy$|^cuMemcpyDtoH")
@@ -285,7 +323,10 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
     """Share of GPU kernel time in KDA-core kernels over every trace file under ``trace_dir`` (each
     KDA kernel's total time and call count), and how busy the GPU was: ``gpu_busy_share`` = union
     of kernel intervals / span from the first kernel's start to the last one's end (a served step
-    far below 1 is host-bound, and kernel speed-ups then barely move tokens/s). Host-side events
+    far below 1 is host-bound, and kernel speed-ups then barely move tokens/s), and where the GPU
+    idled: ``idle_gaps_us``, the gaps between kernels by the kernels around them (:func:`idle_gaps`),
+    and ``idle_by_gap_size_us`` by their size (:func:`gap_sizes`; the traces themselves are too
+    large to bring back from the device). Host-side events
     (the second trace of ``--profile-cpu``) are summed by name into ``host_top_us`` (nested events
     each count: an indication, not a partition), and the host's waits for the GPU by where they
     happen into ``host_waits_us`` (:func:`host_waits`).
@@ -305,6 +346,8 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
     every_calls: Dict[str, int] = {}
     host: Dict[str, float] = {}
     waits: Dict[str, List[float]] = {}
+    gaps: Dict[str, List[float]] = {}
+    sizes: Dict[str, List[float]] = {}
     for path in files:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt") as f:
@@ -325,14 +368,19 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
             every[ev.get("name", "")] = every.get(ev.get("name", ""), 0.0) + dur
             every_calls[ev.get("name", "")] = every_calls.get(ev.get("name", ""), 0) + 1
             if "ts" in ev:
-                intervals.append((float(ev["ts"]), float(ev["ts"]) + dur))
+                intervals.append((float(ev["ts"]), float(ev["ts"]) + dur, ev.get("name", "")))
             if KDA_KERNEL.search(ev.get("name", "")):
                 kda += dur
                 names[ev["name"]] = names.get(ev["name"], 0.0) + dur
                 calls[ev["name"]] = calls.get(ev["name"], 0) + 1
         if intervals:
-            span += max(b for _, b in intervals) - min(a for a, _ in intervals)
-            busy += _union_us(intervals)
+            span += max(b for _, b, _ in intervals) - min(a for a, _, _ in intervals)
+            busy += _union_us([(a, b) for a, b, _ in intervals])
+            for into, found in ((gaps, idle_gaps(intervals)), (sizes, gap_sizes(intervals))):
+                for key, (us, count) in found.items():
+                    acc = into.setdefault(key, [0.0, 0])
+                    acc[0] += us
+                    acc[1] += count
     step_calls = max((n for name, n in calls.items() if STEP_KERNEL.search(name)), default=0)
     steps = step_calls // kda_layers if kda_layers else 0
     step_kda = sum(us for name, us in names.items() if not PREFILL_KERNEL.search(name))
@@ -351,6 +399,9 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
         "span_us": span,
         "gpu_busy_us": busy,
         "gpu_busy_share": busy / span if span else None,
+        "idle_gaps_us": {key: {"us": us, "count": count}
+                         for key, (us, count) in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:20]},
+        "idle_by_gap_size_us": {key: {"us": us, "count": count} for key, (us, count) in sizes.items()},
         "host_top_us": dict(sorted(host.items(), key=lambda kv: -kv[1])[:40]),
         "host_kda_us": {k: v for k, v in sorted(host.items(), key=lambda kv: -kv[1]) if HOST_KDA.search(k)},
         "host_waits_us": {key: {"us": us, "count": count}

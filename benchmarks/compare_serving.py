@@ -14,7 +14,9 @@ rounds of both (a fresh server's transient).
 ``--profiles`` (both runs made with ``bench_serving.py --profile``): each kernel's GPU time per
 decode / verify step (its summed time over the profiled window / that window's ``kda_steps``) in
 BASE and NEW, the largest differences first, and per step all kernels' time, the GPU-busy time and
-the window's span (span - busy: the GPU idled, waiting for the host).
+the window's span (span - busy: the GPU idled, waiting for the host), and that idle time per step
+by the kernels around each gap and by the gaps' sizes (where both profiles recorded them:
+``idle_gaps_us``, ``idle_by_gap_size_us``).
 Prefills that fell in a window count in its totals, so compare windows of many steps.
 
 Runs from two machines (``machine`` in each result: a different boot id) get a warning line: a
@@ -88,6 +90,25 @@ def kernel_diff(base: dict, new: dict, top: int = 15) -> dict:
     return {"rows": rows[:top], **totals, "steps": (base["kda_steps"], new["kda_steps"])}
 
 
+def idle_diff(base: dict, new: dict, top: int = 10) -> Optional[list]:
+    """Per-step GPU idle of two profiles by where it happened (``idle_gaps_us``, keyed "A -> B"):
+    ``(where, base us, new us)`` for the ``top`` places by the larger of the two, or None where a
+    profile predates the record. A place outside one profile's list counts 0 there."""
+    if not all(key in prof for key in ("idle_gaps_us", "idle_by_gap_size_us") for prof in (base, new)):
+        return None
+    per = lambda prof, key: prof["idle_gaps_us"].get(key, {"us": 0.0})["us"] / prof["kda_steps"]  # noqa: E731
+    rows = [(key, per(base, key), per(new, key)) for key in set(base["idle_gaps_us"]) | set(new["idle_gaps_us"])]
+    rows.sort(key=lambda r: -max(r[1], r[2]))
+    return rows[:top]
+
+
+def idle_by_size(base: dict, new: dict) -> list:
+    """Per-step GPU idle of two profiles by gap size (``idle_by_gap_size_us``): ``(size, base us,
+    new us)`` in the order the profiles list the sizes."""
+    per = lambda prof, key: prof["idle_by_gap_size_us"].get(key, {"us": 0.0})["us"] / prof["kda_steps"]  # noqa: E731
+    return [(key, per(base, key), per(new, key)) for key in base["idle_by_gap_size_us"]]
+
+
 def compare(base: List[float], new: List[float], skip: int = 0) -> dict:
     """Paired statistics of ``new[r] / base[r]`` over the rounds both have, the first ``skip`` left out."""
     pairs = list(zip(base, new))[skip:]
@@ -142,6 +163,19 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"| {label} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
         for name, b, n in d["rows"]:
             print(f"| {name[:80]} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
+        idle = idle_diff(profile_of(base_run), profile_of(new_run))
+        if idle is None:
+            print("\nGPU idle by place: not recorded in both profiles (bench_serving.py before 2026-12-04)")
+        else:
+            print("\nGPU idle us per step, by the kernel before the gap -> the kernel after it")
+            print(f"| where | {base_name} | {new_name} | difference |")
+            print("|---|---|---|---|")
+            for where, b, n in idle:
+                print(f"| {where} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
+            print(f"\n| gap size | {base_name} | {new_name} | difference |")
+            print("|---|---|---|---|")
+            for size, b, n in idle_by_size(profile_of(base_run), profile_of(new_run)):
+                print(f"| all gaps {size} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
     return 0
 
 

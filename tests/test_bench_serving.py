@@ -84,6 +84,25 @@ def test_gpu_busy_share_is_the_union_of_kernel_intervals_over_the_span(tmp_path)
     assert share["host_top_us"] == {"commit": 20.0, "aten::copy_": 10.0,
                                     "sglang_dspark_plugin/commit.py(60): commit_verified_states": 4.0}
     assert share["host_kda_us"] == {"sglang_dspark_plugin/commit.py(60): commit_verified_states": 4.0}
+    # the one idle stretch, [15, 40), lies after b (the kernel that ended last) and before c
+    assert share["idle_gaps_us"] == {"b -> c": {"us": 25.0, "count": 1}}
+    assert share["idle_by_gap_size_us"]["5-50 us"] == {"us": 25.0, "count": 1}
+    assert sum(size["us"] for size in share["idle_by_gap_size_us"].values()) == pytest.approx(25.0)
+
+
+def test_idle_gaps_are_charged_to_the_kernel_that_ended_last_and_add_up_to_span_minus_busy():
+    # "short" runs inside "long" and ends first: the gap after them belongs to "long"; overlapping
+    # kernels leave no gap; two gaps between the same kernels add up
+    kernels = [(0.0, 20.0, "long"), (2.0, 5.0, "short"), (26.0, 30.0, "verify"), (29.0, 31.0, "commit"),
+               (40.0, 45.0, "long"), (50.0, 51.0, "verify"), (52.0, 53.0, "commit")]
+    gaps = bench_serving.idle_gaps(kernels)
+    assert gaps == {"long -> verify": [11.0, 2], "commit -> long": [9.0, 1], "verify -> commit": [1.0, 1]}
+    span = max(b for _, b, _ in kernels) - min(a for a, _, _ in kernels)
+    busy = bench_serving._union_us([(a, b) for a, b, _ in kernels])
+    assert sum(us for us, _ in gaps.values()) == pytest.approx(span - busy)
+    # by size: the gaps are 6, 9, 5 (a bound belongs to the class above it) and 1 us
+    assert bench_serving.gap_sizes(kernels) == {"< 5 us": [1.0, 1], "5-50 us": [20.0, 3], "50-500 us": [0.0, 0],
+                                                ">= 500 us": [0.0, 0]}
 
 
 def test_host_waits_are_attributed_to_the_innermost_sglang_frames(tmp_path):
@@ -295,10 +314,27 @@ def test_profile_sums_every_kernel_and_compare_diffs_them_per_step(tmp_path, cap
     assert "| _replayssm_fold_kernel | 30.0 | 0.0 | -30.0 |" in out
     assert "| all kernels | 170.0 | 154.0 | -16.0 |" in out
     assert "| span (first kernel to last) | 173.7 | 158.0 | -15.7 |" in out
+    # idle per step by place: BASE 3 steps, a 1 us gap between each pair of its 12 kernels; NEW 4
+    # steps and 17 kernels, the last gap before the extra kernel
+    idle = {where: (b, n) for where, b, n in compare_serving.idle_diff(profiles["base"], profiles["new"])}
+    assert idle["_verify_stream_kernel -> _verify_stream_kernel"] == pytest.approx((1.0, 1.0))
+    assert idle["_verify_stream_kernel -> _replayssm_fold_kernel"] == pytest.approx((1.0, 0.0))
+    assert idle["sm90_xmma_gemm_bf16bf16_bf16f32 -> _verify_stream_kernel"] == pytest.approx((2 / 3, 3 / 4))
+    assert idle["sm90_xmma_gemm_bf16bf16_bf16f32 -> elementwise_kernel"] == pytest.approx((0.0, 1 / 4))
+    assert sum(b for b, _ in idle.values()) == pytest.approx(d["span_us"][0] - d["gpu_busy_us"][0])
+    assert "| _verify_stream_kernel -> _commit_records_kernel | 0.0 | 1.0 | +1.0 |" in out
+    assert "| all gaps < 5 us | 3.7 | 4.0 | +0.3 |" in out
     with open(tmp_path / "bare.json", "w") as f:
         json.dump({"runs": {"x": {"samples": {"64": [{"tokens_per_s": 1.0}, {"tokens_per_s": 1.0}]}}}}, f)
     with pytest.raises(SystemExit, match="no per-kernel profile"):
         compare_serving.main([str(tmp_path / "bare.json"), str(tmp_path / "new.json"), "--profiles"])
+    # a profile from before the idle record: the table is left out and the output says why
+    del profiles["base"]["idle_by_gap_size_us"]
+    with open(tmp_path / "old.json", "w") as f:
+        json.dump({"runs": {"old": {"samples": {"64": [{"tokens_per_s": 100.0}, {"tokens_per_s": 110.0}]},
+                                    "profile": profiles["base"]}}}, f)
+    assert compare_serving.main([str(tmp_path / "old.json"), str(tmp_path / "new.json"), "--profiles"]) == 0
+    assert "GPU idle by place: not recorded in both profiles" in capsys.readouterr().out
 
 
 def test_results_record_the_machine_and_compare_warns_across_machines(tmp_path, capsys):
