@@ -110,14 +110,18 @@ def idle_by_size(base: dict, new: dict) -> list:
 
 
 def compare(base: List[float], new: List[float], skip: int = 0) -> dict:
-    """Paired statistics of ``new[r] / base[r]`` over the rounds both have, the first ``skip`` left out."""
+    """Paired statistics of ``new[r] / base[r]`` over the rounds both have, the first ``skip`` left out.
+    One round has no spread: its standard error is NaN and the verdict "not resolved (one round)"."""
     pairs = list(zip(base, new))[skip:]
-    if len(pairs) < 2:
-        raise ValueError(f"need at least 2 paired rounds after skipping {skip}, got {len(pairs)}")
+    if not pairs:
+        raise ValueError(f"need at least 1 paired round after skipping {skip}, got none")
     ratios = [n / b for b, n in pairs]
     mean = statistics.mean(ratios)
-    se = statistics.stdev(ratios) / math.sqrt(len(ratios))
-    verdict = "faster" if mean - 2 * se > 1 else "slower" if mean + 2 * se < 1 else "not resolved"
+    if len(pairs) == 1:
+        se, verdict = math.nan, "not resolved (one round)"
+    else:
+        se = statistics.stdev(ratios) / math.sqrt(len(ratios))
+        verdict = "faster" if mean - 2 * se > 1 else "slower" if mean + 2 * se < 1 else "not resolved"
     return {
         "rounds": len(pairs),
         "ratios": ratios,

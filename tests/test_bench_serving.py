@@ -3,6 +3,7 @@ measurement rounds, and the rendered table."""
 
 import gzip
 import json
+import math
 import os
 import sys
 
@@ -227,10 +228,13 @@ def test_compare_pairs_rounds_and_says_faster_only_beyond_two_standard_errors(tm
     assert compare_serving.compare(base, [b * 0.9 for b in base])["verdict"] == "slower"
     noisy = compare_serving.compare(base, [b * k for b, k in zip(base, (1.2, 0.9, 1.15, 0.95))])
     assert noisy["verdict"] == "not resolved"
-    # --skip leaves out the first rounds of both; fewer than two pairs is an error
+    # --skip leaves out the first rounds of both; one pair has no spread; no pair is an error
     assert compare_serving.compare(base, [1.0, 2.0, 330.0, 440.0], skip=2)["ratios"] == pytest.approx([1.1, 1.1])
-    with pytest.raises(ValueError, match="at least 2"):
-        compare_serving.compare(base, base, skip=3)
+    one = compare_serving.compare(base, [1.0, 2.0, 3.0, 480.0], skip=3)
+    assert one["mean_ratio"] == pytest.approx(1.2) and math.isnan(one["se"])
+    assert one["verdict"] == "not resolved (one round)"
+    with pytest.raises(ValueError, match="at least 1"):
+        compare_serving.compare(base, base, skip=4)
 
 
 def test_compare_reads_a_named_configuration_and_says_which_exist(tmp_path, capsys):
