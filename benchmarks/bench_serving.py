@@ -287,36 +287,82 @@ HOST_WAIT = re.compile(r"Synchronize|^cudaMemcpy$|^cuMemcpyDtoH")
 OWN_FRAME = re.compile(r"sglang")
 
 
+def _own_frames(by_tid: Dict[object, List[tuple]], depth: int):
+    """Sweep each thread's ``python_function`` frames ``(ts, -dur, 0, name)`` with its queries
+    ``(ts, -dur, 1, payload)`` (sorted together: a frame that opens at a query's time encloses it)
+    and yield ``(frames, payload)`` per query: the ``depth`` innermost SGLang / plugin frames open
+    at the query's time, innermost first, joined by " <- " (or "(no SGLang frame)")."""
+    for items in by_tid.values():
+        stack: List[tuple] = []  # open frames: (end, name)
+        for ts, neg_dur, is_query, what in sorted(items, key=lambda item: item[:3]):
+            while stack and stack[-1][0] <= ts:
+                stack.pop()
+            if not is_query:
+                stack.append((ts - neg_dur, what))
+                continue
+            frames = [frame for _, frame in reversed(stack) if OWN_FRAME.search(frame)][:depth]
+            yield " <- ".join(frames) or "(no SGLang frame)", what
+
+
+def _python_frames(events: List[dict]) -> Dict[object, List[tuple]]:
+    """Each thread's ``python_function`` events as sweep items of :func:`_own_frames`."""
+    by_tid: Dict[object, List[tuple]] = {}
+    for ev in events:
+        if ev.get("cat") == "python_function" and "ts" in ev:
+            item = (float(ev["ts"]), -float(ev.get("dur", 0.0)), 0, ev.get("name", ""))
+            by_tid.setdefault(ev.get("tid"), []).append(item)
+    return by_tid
+
+
 def host_waits(events: List[dict], depth: int = 3) -> Dict[str, List[float]]:
     """Host waits for the GPU in one trace, by where they happen: ``{frames: [total us, count]}``,
     ``frames`` = the ``depth`` innermost enclosing SGLang / plugin Python frames of the waiting
     CUDA runtime call on its thread, innermost first, joined by " <- " (``python_function`` events
     nest per thread; ``--profile-cpu`` records them)."""
-    by_tid: Dict[object, List[tuple]] = {}
+    by_tid = _python_frames(events)
     for ev in events:
-        cat, name = ev.get("cat"), ev.get("name", "")
-        if "ts" not in ev:
-            continue
-        ts, dur = float(ev["ts"]), float(ev.get("dur", 0.0))
-        if cat == "python_function":
-            by_tid.setdefault(ev.get("tid"), []).append((ts, -dur, 0, name))  # outer frame first
-        elif cat == "cuda_runtime" and HOST_WAIT.search(name):
-            by_tid.setdefault(ev.get("tid"), []).append((ts, -dur, 1, name))
+        if ev.get("cat") == "cuda_runtime" and "ts" in ev and HOST_WAIT.search(ev.get("name", "")):
+            dur = float(ev.get("dur", 0.0))
+            by_tid.setdefault(ev.get("tid"), []).append((float(ev["ts"]), -dur, 1, dur))
     waits: Dict[str, List[float]] = {}
-    for items in by_tid.values():
-        stack: List[tuple] = []  # open frames: (end, name)
-        for ts, neg_dur, is_wait, name in sorted(items):
-            while stack and stack[-1][0] <= ts:
-                stack.pop()
-            if not is_wait:
-                stack.append((ts - neg_dur, name))
-                continue
-            frames = [frame for _, frame in reversed(stack) if OWN_FRAME.search(frame)][:depth]
-            key = " <- ".join(frames) or "(no SGLang frame)"
-            acc = waits.setdefault(key, [0.0, 0])
-            acc[0] += -neg_dur
-            acc[1] += 1
+    for key, us in _own_frames(by_tid, depth):
+        acc = waits.setdefault(key, [0.0, 0])
+        acc[0] += us
+        acc[1] += 1
     return waits
+
+
+HOST_GAP_MIN_US = 50.0  # shorter gaps are launch gaps (GAP_SIZES), not the host at work
+
+
+def host_gaps(events: List[dict], depth: int = 3) -> Dict[str, List[float]]:
+    """What the host was doing while the GPU idled, in one trace with host frames
+    (``--profile-cpu``): each gap between kernels of at least :data:`HOST_GAP_MIN_US` is charged
+    to the SGLang / plugin frames open at its midpoint on the thread that launched the kernel that
+    ended it (the kernel's ``correlation`` to its CUDA runtime launch), like :func:`host_waits`:
+    ``{frames: [us, count]}``. A gap whose ending kernel has no traced launch counts under
+    "(launch not traced)"."""
+    launch_tid = {ev["args"]["correlation"]: ev.get("tid") for ev in events
+                  if ev.get("cat") == "cuda_runtime" and "correlation" in ev.get("args", {})}
+    kernels = [(float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0)), ev.get("args", {}).get("correlation"))
+               for ev in events if ev.get("cat") == "kernel" and "ts" in ev]
+    by_tid = _python_frames(events)
+    gaps: Dict[str, List[float]] = {}
+    end = float("-inf")
+    for a, b, correlation in sorted(kernels, key=lambda k: k[:2]):
+        if end > float("-inf") and a - end >= HOST_GAP_MIN_US:  # (not the time before the first kernel)
+            if correlation in launch_tid:
+                by_tid.setdefault(launch_tid[correlation], []).append(((a + end) / 2, 0.0, 1, a - end))
+            else:
+                acc = gaps.setdefault("(launch not traced)", [0.0, 0])
+                acc[0] += a - end
+                acc[1] += 1
+        end = max(end, b)
+    for key, us in _own_frames(by_tid, depth):
+        acc = gaps.setdefault(key, [0.0, 0])
+        acc[0] += us
+        acc[1] += 1
+    return gaps
 
 
 def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
@@ -328,8 +374,9 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
     and ``idle_by_gap_size_us`` by their size (:func:`gap_sizes`; the traces themselves are too
     large to bring back from the device). Host-side events
     (the second trace of ``--profile-cpu``) are summed by name into ``host_top_us`` (nested events
-    each count: an indication, not a partition), and the host's waits for the GPU by where they
-    happen into ``host_waits_us`` (:func:`host_waits`).
+    each count: an indication, not a partition), the host's waits for the GPU by where they
+    happen into ``host_waits_us`` (:func:`host_waits`), and what the host was doing while the GPU
+    idled into ``host_gaps_us`` (:func:`host_gaps`; empty without host frames).
 
     With ``kda_layers`` (the model's KDA layer count): ``kda_steps``, the decode / verify forwards
     in the traces (:data:`STEP_KERNEL` calls / layers), and ``kda_step_us``, their KDA kernel time
@@ -348,14 +395,17 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
     waits: Dict[str, List[float]] = {}
     gaps: Dict[str, List[float]] = {}
     sizes: Dict[str, List[float]] = {}
+    host_gap: Dict[str, List[float]] = {}
     for path in files:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt") as f:
             events = json.load(f).get("traceEvents", [])
-        for key, (us, count) in host_waits(events).items():
-            acc = waits.setdefault(key, [0.0, 0])
-            acc[0] += us
-            acc[1] += count
+        traced_host = any(ev.get("cat") == "python_function" for ev in events)
+        for into, found in ((waits, host_waits(events)), (host_gap, host_gaps(events) if traced_host else {})):
+            for key, (us, count) in found.items():
+                acc = into.setdefault(key, [0.0, 0])
+                acc[0] += us
+                acc[1] += count
         intervals = []
         for ev in events:
             cat = ev.get("cat")
@@ -406,6 +456,8 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
         "host_kda_us": {k: v for k, v in sorted(host.items(), key=lambda kv: -kv[1]) if HOST_KDA.search(k)},
         "host_waits_us": {key: {"us": us, "count": count}
                           for key, (us, count) in sorted(waits.items(), key=lambda kv: -kv[1][0])[:20]},
+        "host_gaps_us": {key: {"us": us, "count": count}
+                         for key, (us, count) in sorted(host_gap.items(), key=lambda kv: -kv[1][0])[:20]},
     }
 
 
@@ -656,7 +708,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         run["profile"] = profile(run["server"], args, os.path.join(args.log_dir, f"profile-{name}"))
                         if args.profile_cpu:  # a second trace: host tracing must not skew the GPU-busy share
                             traced = profile(run["server"], args, os.path.join(args.log_dir, f"profile-host-{name}"), host=True)
-                            run["profile"]["host"] = {k: traced[k] for k in ("span_us", "host_top_us", "host_kda_us", "host_waits_us")}
+                            kept = ("kda_steps", "span_us", "host_top_us", "host_kda_us", "host_waits_us", "host_gaps_us")
+                            run["profile"]["host"] = {k: traced[k] for k in kept}
                     except Exception as exc:  # noqa: BLE001 - the measured levels stay valid
                         run["profile"] = {"error": f"{type(exc).__name__}: {exc}"[-1000:]}
                     save()

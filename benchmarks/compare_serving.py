@@ -16,7 +16,8 @@ decode / verify step (its summed time over the profiled window / that window's `
 BASE and NEW, the largest differences first, and per step all kernels' time, the GPU-busy time and
 the window's span (span - busy: the GPU idled, waiting for the host), and that idle time per step
 by the kernels around each gap and by the gaps' sizes (where both profiles recorded them:
-``idle_gaps_us``, ``idle_by_gap_size_us``).
+``idle_gaps_us``, ``idle_by_gap_size_us``); with ``--profile-cpu`` windows in both, also the host
+frames that idle time was charged to (``host_gaps_us``).
 Prefills that fell in a window count in its totals, so compare windows of many steps.
 
 Runs from two machines (``machine`` in each result: a different boot id) get a warning line: a
@@ -109,6 +110,20 @@ def idle_by_size(base: dict, new: dict) -> list:
     return [(key, per(base, key), per(new, key)) for key in base["idle_by_gap_size_us"]]
 
 
+def host_gap_diff(base: dict, new: dict, top: int = 10) -> Optional[list]:
+    """Per-step GPU idle of two ``--profile-cpu`` windows by the host frames it was charged to
+    (``profile["host"]["host_gaps_us"]``, :func:`bench_serving.host_gaps`): ``(frames, base us,
+    new us)`` for the ``top`` by the larger of the two, or None where either run has no such window."""
+    hosts = [prof.get("host") or {} for prof in (base, new)]
+    if not all(h.get("host_gaps_us") is not None and h.get("kda_steps") for h in hosts):
+        return None
+    per = lambda h, key: h["host_gaps_us"].get(key, {"us": 0.0})["us"] / h["kda_steps"]  # noqa: E731
+    keys = set(hosts[0]["host_gaps_us"]) | set(hosts[1]["host_gaps_us"])
+    rows = [(key, per(hosts[0], key), per(hosts[1], key)) for key in keys]
+    rows.sort(key=lambda r: -max(r[1], r[2]))
+    return rows[:top]
+
+
 def compare(base: List[float], new: List[float], skip: int = 0) -> dict:
     """Paired statistics of ``new[r] / base[r]`` over the rounds both have, the first ``skip`` left out.
     One round has no spread: its standard error is NaN and the verdict "not resolved (one round)"."""
@@ -180,6 +195,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("|---|---|---|---|")
             for size, b, n in idle_by_size(profile_of(base_run), profile_of(new_run)):
                 print(f"| all gaps {size} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
+        host = host_gap_diff(profile_of(base_run), profile_of(new_run))
+        if host:
+            print("\nHost frames while the GPU idled (gaps of 50 us and more, --profile-cpu window), us per step")
+            print(f"| frames | {base_name} | {new_name} | difference |")
+            print("|---|---|---|---|")
+            for frames, b, n in host:
+                print(f"| {frames[:160]} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
     return 0
 
 

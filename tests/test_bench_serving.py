@@ -143,6 +143,46 @@ def test_host_waits_are_attributed_to_the_innermost_sglang_frames(tmp_path):
     assert summary["(no SGLang frame)"] == {"us": 70.0, "count": 1}
 
 
+def test_gpu_idle_is_charged_to_the_host_frames_of_the_thread_that_launched_the_next_kernel(tmp_path):
+    """Each gap of 50 us or more is charged to the SGLang / plugin frames open at its midpoint on
+    the thread whose CUDA runtime call launched the kernel that ended it; shorter gaps and the time
+    before the first kernel are not counted, and a kernel without a traced launch says so."""
+    def py(name, ts, dur, tid=1):
+        return {"cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    def kernel(ts, dur, correlation):
+        return {"cat": "kernel", "name": f"k{correlation}", "ts": ts, "dur": dur, "args": {"correlation": correlation}}
+
+    def launch(correlation, ts, tid=1):
+        return {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2.0, "tid": tid,
+                "args": {"correlation": correlation}}
+
+    loop, verify = "sglang/srt/managers/scheduler.py(10): event_loop", "sglang/srt/speculative/worker.py(99): verify"
+    commit, detok = "sglang_dspark_plugin/commit.py(60): commit_verified_states", "sglang/srt/managers/detok.py(5): loop"
+    events = [
+        py(loop, 0.0, 1000.0), py(verify, 100.0, 300.0), py(commit, 500.0, 120.0),
+        py("torch/nn/modules/module.py(1): _call_impl", 510.0, 90.0),  # not an SGLang frame
+        py(detok, 0.0, 1100.0, tid=2),
+        kernel(60.0, 10.0, 1),    # 60 us after the trace starts: not a gap
+        kernel(200.0, 10.0, 2),   # gap [70, 200): midpoint 135, inside verify
+        kernel(230.0, 10.0, 3),   # a 20 us gap: a launch gap, not counted
+        kernel(800.0, 10.0, 4),   # gap [240, 800): midpoint 520, inside commit (the torch frame skipped)
+        kernel(900.0, 5.0, 5),    # gap [810, 900): no traced launch
+        kernel(1000.0, 5.0, 6),   # gap [905, 1000): launched from thread 2
+    ] + [launch(c, 50.0 * c) for c in (1, 2, 3, 4)] + [launch(6, 990.0, tid=2)]
+    gaps = bench_serving.host_gaps(events, depth=2)
+    assert gaps == {f"{verify} <- {loop}": [130.0, 1], f"{commit} <- {loop}": [560.0, 1],
+                    "(launch not traced)": [90.0, 1], detok: [95.0, 1]}
+    with open(tmp_path / "t.trace.json", "w") as f:
+        json.dump({"traceEvents": events}, f)
+    summary = bench_serving.kda_share(str(tmp_path))["host_gaps_us"]
+    assert list(summary)[0] == f"{commit} <- {loop}"  # largest first, depth 3 (no third SGLang frame here)
+    # a trace without host frames (GPU activity only) has nothing to charge
+    with open(tmp_path / "t.trace.json", "w") as f:
+        json.dump({"traceEvents": [ev for ev in events if ev["cat"] != "python_function"]}, f)
+    assert bench_serving.kda_share(str(tmp_path))["host_gaps_us"] == {}
+
+
 def test_summary_is_the_median_of_rounds_with_spread():
     samples = [
         {"tokens_per_s": tps, "median_itl_ms": itl, "median_ttft_ms": 10.0, "accept_length": acc}
@@ -328,6 +368,19 @@ def test_profile_sums_every_kernel_and_compare_diffs_them_per_step(tmp_path, cap
     assert sum(b for b, _ in idle.values()) == pytest.approx(d["span_us"][0] - d["gpu_busy_us"][0])
     assert "| _verify_stream_kernel -> _commit_records_kernel | 0.0 | 1.0 | +1.0 |" in out
     assert "| all gaps < 5 us | 3.7 | 4.0 | +0.3 |" in out
+    assert "Host frames while the GPU idled" not in out  # no --profile-cpu window in these runs
+    # with --profile-cpu windows (their own step counts): the host frames per step, largest first
+    commit = "sglang_dspark_plugin/commit.py(60): commit_verified_states"
+    base_host = {"kda_steps": 2, "host_gaps_us": {commit: {"us": 300.0, "count": 2}, "(launch not traced)": {"us": 10.0, "count": 1}}}
+    new_host = {"kda_steps": 5, "host_gaps_us": {"sglang/x.py(1): f": {"us": 100.0, "count": 5}}}
+    rows = compare_serving.host_gap_diff({**profiles["base"], "host": base_host}, {**profiles["new"], "host": new_host})
+    assert rows == [(commit, 150.0, 0.0), ("sglang/x.py(1): f", 0.0, 20.0), ("(launch not traced)", 5.0, 0.0)]
+    for label, host in (("base", base_host), ("new", new_host)):
+        with open(tmp_path / f"{label}-host.json", "w") as f:
+            json.dump({"runs": {label: {"samples": {"64": [{"tokens_per_s": 100.0}, {"tokens_per_s": 110.0}]},
+                                        "profile": {**profiles[label], "host": host}}}}, f)
+    assert compare_serving.main([str(tmp_path / "base-host.json"), str(tmp_path / "new-host.json"), "--profiles"]) == 0
+    assert f"| {commit} | 150.0 | 0.0 | -150.0 |" in capsys.readouterr().out
     with open(tmp_path / "bare.json", "w") as f:
         json.dump({"runs": {"x": {"samples": {"64": [{"tokens_per_s": 1.0}, {"tokens_per_s": 1.0}]}}}}, f)
     with pytest.raises(SystemExit, match="no per-kernel profile"):
