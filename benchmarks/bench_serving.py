@@ -242,15 +242,34 @@ def _union_us(intervals: List[tuple]) -> float:
     return busy
 
 
-def _gaps(kernels: List[tuple]):
-    """``(A, B, us)`` for every stretch in which no ``(start, end, name)`` kernel ran: A is the
-    kernel that ended last before it, B the one that ended it."""
+def _gaps(ordered_kernels: List[tuple]):
+    """``(A, B, start, stop)`` for every stretch ``[start, stop)`` in which none of the
+    ``(start, end, what)`` kernels (in start order) ran: A is the ``what`` of the kernel that ended
+    last before it, B that of the one that ended it. The time before the first kernel is no gap."""
     end, last = float("-inf"), None
-    for a, b, name in sorted(kernels):
-        if last is not None and a > end:
-            yield last, name, a - end
+    for a, b, what in ordered_kernels:
+        if end > float("-inf") and a > end:  # after a first kernel (its ``what`` may be None)
+            yield last, what, end, a
         if b > end:
-            end, last = b, name
+            end, last = b, what
+
+
+def _add(into: Dict[str, List[float]], key: str, us: float, count: int = 1) -> None:
+    """Accumulate ``us`` and ``count`` into ``into[key]`` (``[us, count]``)."""
+    acc = into.setdefault(key, [0.0, 0])
+    acc[0] += us
+    acc[1] += count
+
+
+def _merge(into: Dict[str, List[float]], found: Dict[str, List[float]]) -> None:
+    """Accumulate every ``[us, count]`` entry of ``found`` into ``into``."""
+    for key, (us, count) in found.items():
+        _add(into, key, us, count)
+
+
+def _top(acc: Dict[str, List[float]], n: int = 20) -> Dict[str, dict]:
+    """The ``n`` largest ``[us, count]`` entries as ``{key: {"us", "count"}}``, largest first."""
+    return {key: {"us": us, "count": count} for key, (us, count) in sorted(acc.items(), key=lambda kv: -kv[1][0])[:n]}
 
 
 # gap sizes: launch gaps inside a CUDA graph are ~1-5 us; the host between steps takes far longer
@@ -263,20 +282,17 @@ def idle_gaps(kernels: List[tuple]) -> Dict[str, List[float]]:
     ``[us, count]``. The gaps add up to span - busy (:func:`_union_us`); a long gap after a verify's
     last kernel and before the next step's first is the host between steps (commit, scheduling)."""
     gaps: Dict[str, List[float]] = {}
-    for before, after, us in _gaps(kernels):
-        acc = gaps.setdefault(f"{before[:60]} -> {after[:60]}", [0.0, 0])
-        acc[0] += us
-        acc[1] += 1
+    for before, after, start, stop in _gaps(sorted(kernels)):
+        _add(gaps, f"{before[:60]} -> {after[:60]}", stop - start)
     return gaps
 
 
 def gap_sizes(kernels: List[tuple]) -> Dict[str, List[float]]:
     """The same idle time by the size of each gap (:data:`GAP_SIZES`): ``[us, count]`` per class."""
     sizes: Dict[str, List[float]] = {label: [0.0, 0] for _, label in GAP_SIZES}
-    for _, _, us in _gaps(kernels):
-        label = next(label for bound, label in GAP_SIZES if us < bound)
-        sizes[label][0] += us
-        sizes[label][1] += 1
+    for _, _, start, stop in _gaps(sorted(kernels)):
+        us = stop - start
+        _add(sizes, next(label for bound, label in GAP_SIZES if us < bound), us)
     return sizes
 
 
@@ -326,9 +342,7 @@ def host_waits(events: List[dict], depth: int = 3) -> Dict[str, List[float]]:
             by_tid.setdefault(ev.get("tid"), []).append((float(ev["ts"]), -dur, 1, dur))
     waits: Dict[str, List[float]] = {}
     for key, us in _own_frames(by_tid, depth):
-        acc = waits.setdefault(key, [0.0, 0])
-        acc[0] += us
-        acc[1] += 1
+        _add(waits, key, us)
     return waits
 
 
@@ -348,20 +362,15 @@ def host_gaps(events: List[dict], depth: int = 3) -> Dict[str, List[float]]:
                for ev in events if ev.get("cat") == "kernel" and "ts" in ev]
     by_tid = _python_frames(events)
     gaps: Dict[str, List[float]] = {}
-    end = float("-inf")
-    for a, b, correlation in sorted(kernels, key=lambda k: k[:2]):
-        if end > float("-inf") and a - end >= HOST_GAP_MIN_US:  # (not the time before the first kernel)
-            if correlation in launch_tid:
-                by_tid.setdefault(launch_tid[correlation], []).append(((a + end) / 2, 0.0, 1, a - end))
-            else:
-                acc = gaps.setdefault("(launch not traced)", [0.0, 0])
-                acc[0] += a - end
-                acc[1] += 1
-        end = max(end, b)
+    for _, correlation, start, stop in _gaps(sorted(kernels, key=lambda k: k[:2])):
+        if stop - start < HOST_GAP_MIN_US:
+            continue
+        if correlation in launch_tid:
+            by_tid.setdefault(launch_tid[correlation], []).append(((start + stop) / 2, 0.0, 1, stop - start))
+        else:
+            _add(gaps, "(launch not traced)", stop - start)
     for key, us in _own_frames(by_tid, depth):
-        acc = gaps.setdefault(key, [0.0, 0])
-        acc[0] += us
-        acc[1] += 1
+        _add(gaps, key, us)
     return gaps
 
 
@@ -400,12 +409,9 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt") as f:
             events = json.load(f).get("traceEvents", [])
-        traced_host = any(ev.get("cat") == "python_function" for ev in events)
-        for into, found in ((waits, host_waits(events)), (host_gap, host_gaps(events) if traced_host else {})):
-            for key, (us, count) in found.items():
-                acc = into.setdefault(key, [0.0, 0])
-                acc[0] += us
-                acc[1] += count
+        _merge(waits, host_waits(events))
+        if any(ev.get("cat") == "python_function" for ev in events):  # a trace with host frames
+            _merge(host_gap, host_gaps(events))
         intervals = []
         for ev in events:
             cat = ev.get("cat")
@@ -426,11 +432,8 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
         if intervals:
             span += max(b for _, b, _ in intervals) - min(a for a, _, _ in intervals)
             busy += _union_us([(a, b) for a, b, _ in intervals])
-            for into, found in ((gaps, idle_gaps(intervals)), (sizes, gap_sizes(intervals))):
-                for key, (us, count) in found.items():
-                    acc = into.setdefault(key, [0.0, 0])
-                    acc[0] += us
-                    acc[1] += count
+            _merge(gaps, idle_gaps(intervals))
+            _merge(sizes, gap_sizes(intervals))
     step_calls = max((n for name, n in calls.items() if STEP_KERNEL.search(name)), default=0)
     steps = step_calls // kda_layers if kda_layers else 0
     step_kda = sum(us for name, us in names.items() if not PREFILL_KERNEL.search(name))
@@ -449,15 +452,12 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
         "span_us": span,
         "gpu_busy_us": busy,
         "gpu_busy_share": busy / span if span else None,
-        "idle_gaps_us": {key: {"us": us, "count": count}
-                         for key, (us, count) in sorted(gaps.items(), key=lambda kv: -kv[1][0])[:20]},
+        "idle_gaps_us": _top(gaps),
         "idle_by_gap_size_us": {key: {"us": us, "count": count} for key, (us, count) in sizes.items()},
         "host_top_us": dict(sorted(host.items(), key=lambda kv: -kv[1])[:40]),
         "host_kda_us": {k: v for k, v in sorted(host.items(), key=lambda kv: -kv[1]) if HOST_KDA.search(k)},
-        "host_waits_us": {key: {"us": us, "count": count}
-                          for key, (us, count) in sorted(waits.items(), key=lambda kv: -kv[1][0])[:20]},
-        "host_gaps_us": {key: {"us": us, "count": count}
-                         for key, (us, count) in sorted(host_gap.items(), key=lambda kv: -kv[1][0])[:20]},
+        "host_waits_us": _top(waits),
+        "host_gaps_us": _top(host_gap),
     }
 
 

@@ -91,23 +91,32 @@ def kernel_diff(base: dict, new: dict, top: int = 15) -> dict:
     return {"rows": rows[:top], **totals, "steps": (base["kda_steps"], new["kda_steps"])}
 
 
+def _per_step(base_us: dict, base_steps: int, new_us: dict, new_steps: int) -> list:
+    """``(key, base us, new us)`` per step for every key of two ``{key: {"us": ...}}`` records,
+    BASE's keys first in their order; a key outside one record counts 0 there."""
+    keys = list(base_us) + [key for key in new_us if key not in base_us]
+    per = lambda record, key, steps: record.get(key, {"us": 0.0})["us"] / steps  # noqa: E731
+    return [(key, per(base_us, key, base_steps), per(new_us, key, new_steps)) for key in keys]
+
+
+def _largest(rows: list, top: int) -> list:
+    """The ``top`` rows of :func:`_per_step` by the larger of their two values."""
+    return sorted(rows, key=lambda r: -max(r[1], r[2]))[:top]
+
+
 def idle_diff(base: dict, new: dict, top: int = 10) -> Optional[list]:
     """Per-step GPU idle of two profiles by where it happened (``idle_gaps_us``, keyed "A -> B"):
     ``(where, base us, new us)`` for the ``top`` places by the larger of the two, or None where a
     profile predates the record. A place outside one profile's list counts 0 there."""
     if not all(key in prof for key in ("idle_gaps_us", "idle_by_gap_size_us") for prof in (base, new)):
         return None
-    per = lambda prof, key: prof["idle_gaps_us"].get(key, {"us": 0.0})["us"] / prof["kda_steps"]  # noqa: E731
-    rows = [(key, per(base, key), per(new, key)) for key in set(base["idle_gaps_us"]) | set(new["idle_gaps_us"])]
-    rows.sort(key=lambda r: -max(r[1], r[2]))
-    return rows[:top]
+    return _largest(_per_step(base["idle_gaps_us"], base["kda_steps"], new["idle_gaps_us"], new["kda_steps"]), top)
 
 
 def idle_by_size(base: dict, new: dict) -> list:
     """Per-step GPU idle of two profiles by gap size (``idle_by_gap_size_us``): ``(size, base us,
     new us)`` in the order the profiles list the sizes."""
-    per = lambda prof, key: prof["idle_by_gap_size_us"].get(key, {"us": 0.0})["us"] / prof["kda_steps"]  # noqa: E731
-    return [(key, per(base, key), per(new, key)) for key in base["idle_by_gap_size_us"]]
+    return _per_step(base["idle_by_gap_size_us"], base["kda_steps"], new["idle_by_gap_size_us"], new["kda_steps"])
 
 
 def host_gap_diff(base: dict, new: dict, top: int = 10) -> Optional[list]:
@@ -117,11 +126,8 @@ def host_gap_diff(base: dict, new: dict, top: int = 10) -> Optional[list]:
     hosts = [prof.get("host") or {} for prof in (base, new)]
     if not all(h.get("host_gaps_us") is not None and h.get("kda_steps") for h in hosts):
         return None
-    per = lambda h, key: h["host_gaps_us"].get(key, {"us": 0.0})["us"] / h["kda_steps"]  # noqa: E731
-    keys = set(hosts[0]["host_gaps_us"]) | set(hosts[1]["host_gaps_us"])
-    rows = [(key, per(hosts[0], key), per(hosts[1], key)) for key in keys]
-    rows.sort(key=lambda r: -max(r[1], r[2]))
-    return rows[:top]
+    b, n = hosts
+    return _largest(_per_step(b["host_gaps_us"], b["kda_steps"], n["host_gaps_us"], n["kda_steps"]), top)
 
 
 def compare(base: List[float], new: List[float], skip: int = 0) -> dict:

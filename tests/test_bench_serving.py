@@ -169,10 +169,12 @@ def test_gpu_idle_is_charged_to_the_host_frames_of_the_thread_that_launched_the_
         kernel(800.0, 10.0, 4),   # gap [240, 800): midpoint 520, inside commit (the torch frame skipped)
         kernel(900.0, 5.0, 5),    # gap [810, 900): no traced launch
         kernel(1000.0, 5.0, 6),   # gap [905, 1000): launched from thread 2
-    ] + [launch(c, 50.0 * c) for c in (1, 2, 3, 4)] + [launch(6, 990.0, tid=2)]
+        {"cat": "kernel", "name": "memcpy", "ts": 1010.0, "dur": 2.0},  # no correlation at all
+        kernel(1100.0, 5.0, 7),   # gap [1012, 1100) after it: no frame open on thread 1 then
+    ] + [launch(c, 50.0 * c) for c in (1, 2, 3, 4)] + [launch(6, 990.0, tid=2), launch(7, 1090.0)]
     gaps = bench_serving.host_gaps(events, depth=2)
     assert gaps == {f"{verify} <- {loop}": [130.0, 1], f"{commit} <- {loop}": [560.0, 1],
-                    "(launch not traced)": [90.0, 1], detok: [95.0, 1]}
+                    "(launch not traced)": [90.0, 1], detok: [95.0, 1], "(no SGLang frame)": [88.0, 1]}
     with open(tmp_path / "t.trace.json", "w") as f:
         json.dump({"traceEvents": events}, f)
     summary = bench_serving.kda_share(str(tmp_path))["host_gaps_us"]
