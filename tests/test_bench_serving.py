@@ -106,22 +106,24 @@ def test_idle_gaps_are_charged_to_the_kernel_that_ended_last_and_add_up_to_span_
                                                 ">= 500 us": [0.0, 0]}
 
 
+def _python_frame(name, ts, dur, tid=1):
+    """A ``python_function`` event of a ``--profile-cpu`` trace."""
+    return {"cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+
 def test_host_waits_are_attributed_to_the_innermost_sglang_frames(tmp_path):
     """A host wait for the GPU (a CUDA runtime synchronize) is charged to the SGLang / plugin Python
     frames around it on its thread, innermost first; torch frames are skipped, other threads and
     non-waiting runtime calls are not counted."""
-    def py(name, ts, dur, tid=1):
-        return {"cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
-
     def rt(name, ts, dur, tid=1):
         return {"cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "tid": tid}
 
     events = [
-        py("sglang/srt/managers/scheduler.py(10): event_loop", 0.0, 1000.0),
-        py("sglang/srt/managers/overlap_utils.py(587): resolve_seq_lens_cpu", 100.0, 300.0),
-        py("torch/cuda/streams.py(5): synchronize", 150.0, 200.0),
+        _python_frame("sglang/srt/managers/scheduler.py(10): event_loop", 0.0, 1000.0),
+        _python_frame("sglang/srt/managers/overlap_utils.py(587): resolve_seq_lens_cpu", 100.0, 300.0),
+        _python_frame("torch/cuda/streams.py(5): synchronize", 150.0, 200.0),
         rt("cudaStreamSynchronize", 160.0, 180.0),
-        py("sglang_dspark_plugin/commit.py(60): commit_verified_states", 500.0, 100.0),
+        _python_frame("sglang_dspark_plugin/commit.py(60): commit_verified_states", 500.0, 100.0),
         rt("cudaLaunchKernel", 510.0, 5.0),  # not a wait
         rt("cudaEventSynchronize", 520.0, 30.0),
         rt("cudaStreamSynchronize", 700.0, 40.0),  # only the event loop around it
@@ -147,9 +149,6 @@ def test_gpu_idle_is_charged_to_the_host_frames_of_the_thread_that_launched_the_
     """Each gap of 50 us or more is charged to the SGLang / plugin frames open at its midpoint on
     the thread whose CUDA runtime call launched the kernel that ended it; shorter gaps and the time
     before the first kernel are not counted, and a kernel without a traced launch says so."""
-    def py(name, ts, dur, tid=1):
-        return {"cat": "python_function", "name": name, "ts": ts, "dur": dur, "tid": tid}
-
     def kernel(ts, dur, correlation):
         return {"cat": "kernel", "name": f"k{correlation}", "ts": ts, "dur": dur, "args": {"correlation": correlation}}
 
@@ -160,9 +159,9 @@ def test_gpu_idle_is_charged_to_the_host_frames_of_the_thread_that_launched_the_
     loop, verify = "sglang/srt/managers/scheduler.py(10): event_loop", "sglang/srt/speculative/worker.py(99): verify"
     commit, detok = "sglang_dspark_plugin/commit.py(60): commit_verified_states", "sglang/srt/managers/detok.py(5): loop"
     events = [
-        py(loop, 0.0, 1000.0), py(verify, 100.0, 300.0), py(commit, 500.0, 120.0),
-        py("torch/nn/modules/module.py(1): _call_impl", 510.0, 90.0),  # not an SGLang frame
-        py(detok, 0.0, 1100.0, tid=2),
+        _python_frame(loop, 0.0, 1000.0), _python_frame(verify, 100.0, 300.0), _python_frame(commit, 500.0, 120.0),
+        _python_frame("torch/nn/modules/module.py(1): _call_impl", 510.0, 90.0),  # not an SGLang frame
+        _python_frame(detok, 0.0, 1100.0, tid=2),
         kernel(60.0, 10.0, 1),    # 60 us after the trace starts: not a gap
         kernel(200.0, 10.0, 2),   # gap [70, 200): midpoint 135, inside verify
         kernel(230.0, 10.0, 3),   # a 20 us gap: a launch gap, not counted
