@@ -347,17 +347,20 @@ def host_waits(events: List[dict], depth: int = 3) -> Dict[str, List[float]]:
 
 
 HOST_GAP_MIN_US = 50.0  # shorter gaps are launch gaps (GAP_SIZES), not the host at work
+# Kineto's categories of kernel launches: the CUDA runtime (torch's own kernels, graph replays)
+# and the driver (Triton launches through cuLaunchKernelEx, with no runtime call at all)
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
 
 def host_gaps(events: List[dict], depth: int = 3) -> Dict[str, List[float]]:
     """What the host was doing while the GPU idled, in one trace with host frames
     (``--profile-cpu``): each gap between kernels of at least :data:`HOST_GAP_MIN_US` is charged
     to the SGLang / plugin frames open at its midpoint on the thread that launched the kernel that
-    ended it (the kernel's ``correlation`` to its CUDA runtime launch), like :func:`host_waits`:
+    ended it (the kernel's ``correlation`` to its CUDA runtime or driver launch), like :func:`host_waits`:
     ``{frames: [us, count]}``. A gap whose ending kernel has no traced launch counts under
     "(launch not traced)"."""
     launch_tid = {ev["args"]["correlation"]: ev.get("tid") for ev in events
-                  if ev.get("cat") == "cuda_runtime" and "correlation" in ev.get("args", {})}
+                  if ev.get("cat") in LAUNCH_CATS and "correlation" in ev.get("args", {})}
     kernels = [(float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0)), ev.get("args", {}).get("correlation"))
                for ev in events if ev.get("cat") == "kernel" and "ts" in ev]
     by_tid = _python_frames(events)

@@ -147,14 +147,15 @@ def test_host_waits_are_attributed_to_the_innermost_sglang_frames(tmp_path):
 
 def test_gpu_idle_is_charged_to_the_host_frames_of_the_thread_that_launched_the_next_kernel(tmp_path):
     """Each gap of 50 us or more is charged to the SGLang / plugin frames open at its midpoint on
-    the thread whose CUDA runtime call launched the kernel that ended it; shorter gaps and the time
-    before the first kernel are not counted, and a kernel without a traced launch says so."""
+    the thread whose CUDA runtime or driver call launched the kernel that ended it (Triton launches
+    through the driver only); shorter gaps and the time before the first kernel are not counted,
+    and a kernel without a traced launch says so."""
     def kernel(ts, dur, correlation):
         return {"cat": "kernel", "name": f"k{correlation}", "ts": ts, "dur": dur, "args": {"correlation": correlation}}
 
-    def launch(correlation, ts, tid=1):
-        return {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 2.0, "tid": tid,
-                "args": {"correlation": correlation}}
+    def launch(correlation, ts, tid=1, cat="cuda_runtime"):
+        name = {"cuda_runtime": "cudaLaunchKernel", "cuda_driver": "cuLaunchKernelEx"}[cat]
+        return {"cat": cat, "name": name, "ts": ts, "dur": 2.0, "tid": tid, "args": {"correlation": correlation}}
 
     loop, verify = "sglang/srt/managers/scheduler.py(10): event_loop", "sglang/srt/speculative/worker.py(99): verify"
     commit, detok = "sglang_dspark_plugin/commit.py(60): commit_verified_states", "sglang/srt/managers/detok.py(5): loop"
@@ -167,10 +168,10 @@ def test_gpu_idle_is_charged_to_the_host_frames_of_the_thread_that_launched_the_
         kernel(230.0, 10.0, 3),   # a 20 us gap: a launch gap, not counted
         kernel(800.0, 10.0, 4),   # gap [240, 800): midpoint 520, inside commit (the torch frame skipped)
         kernel(900.0, 5.0, 5),    # gap [810, 900): no traced launch
-        kernel(1000.0, 5.0, 6),   # gap [905, 1000): launched from thread 2
+        kernel(1000.0, 5.0, 6),   # gap [905, 1000): a Triton launch (driver only) from thread 2
         {"cat": "kernel", "name": "memcpy", "ts": 1010.0, "dur": 2.0},  # no correlation at all
         kernel(1100.0, 5.0, 7),   # gap [1012, 1100) after it: no frame open on thread 1 then
-    ] + [launch(c, 50.0 * c) for c in (1, 2, 3, 4)] + [launch(6, 990.0, tid=2), launch(7, 1090.0)]
+    ] + [launch(c, 50.0 * c) for c in (1, 2, 3, 4)] + [launch(6, 990.0, tid=2, cat="cuda_driver"), launch(7, 1090.0)]
     gaps = bench_serving.host_gaps(events, depth=2)
     assert gaps == {f"{verify} <- {loop}": [130.0, 1], f"{commit} <- {loop}": [560.0, 1],
                     "(launch not traced)": [90.0, 1], detok: [95.0, 1], "(no SGLang frame)": [88.0, 1]}
