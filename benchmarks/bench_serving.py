@@ -303,11 +303,12 @@ HOST_WAIT = re.compile(r"Synchronize|^cudaMemcpy$|^cuMemcpyDtoH")
 OWN_FRAME = re.compile(r"sglang")
 
 
-def _own_frames(by_tid: Dict[object, List[tuple]], depth: int):
+def _own_frames(by_tid: Dict[object, List[tuple]], depth: int, outer: bool = False):
     """Sweep each thread's ``python_function`` frames ``(ts, -dur, 0, name)`` with its queries
     ``(ts, -dur, 1, payload)`` (sorted together: a frame that opens at a query's time encloses it)
     and yield ``(frames, payload)`` per query: the ``depth`` innermost SGLang / plugin frames open
-    at the query's time, innermost first, joined by " <- " (or "(no SGLang frame)")."""
+    at the query's time, innermost first, joined by " <- " (or "(no SGLang frame)"); with
+    ``outer``, the ``depth`` outermost, outermost first, joined by " > " (the phase of the loop)."""
     for items in by_tid.values():
         stack: List[tuple] = []  # open frames: (end, name)
         for ts, neg_dur, is_query, what in sorted(items, key=lambda item: item[:3]):
@@ -316,8 +317,8 @@ def _own_frames(by_tid: Dict[object, List[tuple]], depth: int):
             if not is_query:
                 stack.append((ts - neg_dur, what))
                 continue
-            frames = [frame for _, frame in reversed(stack) if OWN_FRAME.search(frame)][:depth]
-            yield " <- ".join(frames) or "(no SGLang frame)", what
+            frames = [frame for _, frame in (stack if outer else reversed(stack)) if OWN_FRAME.search(frame)]
+            yield (" > " if outer else " <- ").join(frames[:depth]) or "(no SGLang frame)", what
 
 
 def _python_frames(events: List[dict]) -> Dict[object, List[tuple]]:
@@ -350,14 +351,18 @@ HOST_GAP_MIN_US = 50.0  # shorter gaps are launch gaps (GAP_SIZES), not the host
 # Kineto's categories of kernel launches: the CUDA runtime (torch's own kernels, graph replays)
 # and the driver (Triton launches through cuLaunchKernelEx, with no runtime call at all)
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+# outermost SGLang frames that name a phase of the scheduler loop (process entry, event loop,
+# run_batch / process_batch_result / ..., with SGLang's nvtx wrapper frames between them)
+HOST_PHASE_DEPTH = 5
 
 
-def host_gaps(events: List[dict], depth: int = 3) -> Dict[str, List[float]]:
+def host_gaps(events: List[dict], depth: int = 3, outer: bool = False) -> Dict[str, List[float]]:
     """What the host was doing while the GPU idled, in one trace with host frames
     (``--profile-cpu``): each gap between kernels of at least :data:`HOST_GAP_MIN_US` is charged
     to the SGLang / plugin frames open at its midpoint on the thread that launched the kernel that
     ended it (the kernel's ``correlation`` to its CUDA runtime or driver launch), like :func:`host_waits`:
-    ``{frames: [us, count]}``. A gap whose ending kernel has no traced launch counts under
+    ``{frames: [us, count]}``; with ``outer``, to the outermost frames instead (which phase of the
+    scheduler loop: :func:`_own_frames`). A gap whose ending kernel has no traced launch counts under
     "(launch not traced)"."""
     launch_tid = {ev["args"]["correlation"]: ev.get("tid") for ev in events
                   if ev.get("cat") in LAUNCH_CATS and "correlation" in ev.get("args", {})}
@@ -372,7 +377,7 @@ def host_gaps(events: List[dict], depth: int = 3) -> Dict[str, List[float]]:
             by_tid.setdefault(launch_tid[correlation], []).append(((start + stop) / 2, 0.0, 1, stop - start))
         else:
             _add(gaps, "(launch not traced)", stop - start)
-    for key, us in _own_frames(by_tid, depth):
+    for key, us in _own_frames(by_tid, depth, outer):
         _add(gaps, key, us)
     return gaps
 
@@ -388,7 +393,8 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
     (the second trace of ``--profile-cpu``) are summed by name into ``host_top_us`` (nested events
     each count: an indication, not a partition), the host's waits for the GPU by where they
     happen into ``host_waits_us`` (:func:`host_waits`), and what the host was doing while the GPU
-    idled into ``host_gaps_us`` (:func:`host_gaps`; empty without host frames).
+    idled into ``host_gaps_us`` (:func:`host_gaps`; empty without host frames) and, by the
+    phase of the scheduler loop (outermost frames), into ``host_gap_phases_us``.
 
     With ``kda_layers`` (the model's KDA layer count): ``kda_steps``, the decode / verify forwards
     in the traces (:data:`STEP_KERNEL` calls / layers), and ``kda_step_us``, their KDA kernel time
@@ -408,6 +414,7 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
     gaps: Dict[str, List[float]] = {}
     sizes: Dict[str, List[float]] = {}
     host_gap: Dict[str, List[float]] = {}
+    host_phase: Dict[str, List[float]] = {}
     for path in files:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt") as f:
@@ -415,6 +422,7 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
         _merge(waits, host_waits(events))
         if any(ev.get("cat") == "python_function" for ev in events):  # a trace with host frames
             _merge(host_gap, host_gaps(events))
+            _merge(host_phase, host_gaps(events, depth=HOST_PHASE_DEPTH, outer=True))
         intervals = []
         for ev in events:
             cat = ev.get("cat")
@@ -461,6 +469,7 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
         "host_kda_us": {k: v for k, v in sorted(host.items(), key=lambda kv: -kv[1]) if HOST_KDA.search(k)},
         "host_waits_us": _top(waits),
         "host_gaps_us": _top(host_gap),
+        "host_gap_phases_us": _top(host_phase),
     }
 
 
@@ -711,7 +720,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         run["profile"] = profile(run["server"], args, os.path.join(args.log_dir, f"profile-{name}"))
                         if args.profile_cpu:  # a second trace: host tracing must not skew the GPU-busy share
                             traced = profile(run["server"], args, os.path.join(args.log_dir, f"profile-host-{name}"), host=True)
-                            kept = ("kda_steps", "span_us", "host_top_us", "host_kda_us", "host_waits_us", "host_gaps_us")
+                            kept = ("kda_steps", "span_us", "host_top_us", "host_kda_us", "host_waits_us", "host_gaps_us",
+                                    "host_gap_phases_us")
                             run["profile"]["host"] = {k: traced[k] for k in kept}
                     except Exception as exc:  # noqa: BLE001 - the measured levels stay valid
                         run["profile"] = {"error": f"{type(exc).__name__}: {exc}"[-1000:]}

@@ -17,7 +17,7 @@ BASE and NEW, the largest differences first, and per step all kernels' time, the
 the window's span (span - busy: the GPU idled, waiting for the host), and that idle time per step
 by the kernels around each gap and by the gaps' sizes (where both profiles recorded them:
 ``idle_gaps_us``, ``idle_by_gap_size_us``); with ``--profile-cpu`` windows in both, also the host
-frames that idle time was charged to (``host_gaps_us``).
+frames that idle time was charged to (``host_gap_phases_us``, ``host_gaps_us``).
 Prefills that fell in a window count in its totals, so compare windows of many steps.
 
 Runs from two machines (``machine`` in each result: a different boot id) get a warning line: a
@@ -119,15 +119,16 @@ def idle_by_size(base: dict, new: dict) -> list:
     return _per_step(base["idle_by_gap_size_us"], base["kda_steps"], new["idle_by_gap_size_us"], new["kda_steps"])
 
 
-def host_gap_diff(base: dict, new: dict, top: int = 10) -> Optional[list]:
+def host_gap_diff(base: dict, new: dict, top: int = 10, record: str = "host_gaps_us") -> Optional[list]:
     """Per-step GPU idle of two ``--profile-cpu`` windows by the host frames it was charged to
-    (``profile["host"]["host_gaps_us"]``, :func:`bench_serving.host_gaps`): ``(frames, base us,
-    new us)`` for the ``top`` by the larger of the two, or None where either run has no such window."""
+    (``profile["host"][record]``: ``host_gaps_us``, innermost frames, or ``host_gap_phases_us``,
+    outermost; :func:`bench_serving.host_gaps`): ``(frames, base us, new us)`` for the ``top`` by
+    the larger of the two, or None where either run has no such record."""
     hosts = [prof.get("host") or {} for prof in (base, new)]
-    if not all(h.get("host_gaps_us") is not None and h.get("kda_steps") for h in hosts):
+    if not all(h.get(record) is not None and h.get("kda_steps") for h in hosts):
         return None
     b, n = hosts
-    return _largest(_per_step(b["host_gaps_us"], b["kda_steps"], n["host_gaps_us"], n["kda_steps"]), top)
+    return _largest(_per_step(b[record], b["kda_steps"], n[record], n["kda_steps"]), top)
 
 
 def compare(base: List[float], new: List[float], skip: int = 0) -> dict:
@@ -201,13 +202,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("|---|---|---|---|")
             for size, b, n in idle_by_size(profile_of(base_run), profile_of(new_run)):
                 print(f"| all gaps {size} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
-        host = host_gap_diff(profile_of(base_run), profile_of(new_run))
-        if host:
-            print("\nHost frames while the GPU idled (gaps of 50 us and more, --profile-cpu window), us per step")
-            print(f"| frames | {base_name} | {new_name} | difference |")
-            print("|---|---|---|---|")
-            for frames, b, n in host:
-                print(f"| {frames[:160]} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
+        for record, title in (("host_gap_phases_us", "phase of the scheduler loop (outermost frames)"),
+                              ("host_gaps_us", "innermost host frames")):
+            host = host_gap_diff(profile_of(base_run), profile_of(new_run), record=record)
+            if host:
+                print(f"\nGPU idle (gaps of 50 us and more, --profile-cpu window) by the {title}, us per step")
+                print(f"| frames | {base_name} | {new_name} | difference |")
+                print("|---|---|---|---|")
+                for frames, b, n in host:
+                    print(f"| {frames[:160]} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
     return 0
 
 

@@ -175,10 +175,16 @@ def test_gpu_idle_is_charged_to_the_host_frames_of_the_thread_that_launched_the_
     gaps = bench_serving.host_gaps(events, depth=2)
     assert gaps == {f"{verify} <- {loop}": [130.0, 1], f"{commit} <- {loop}": [560.0, 1],
                     "(launch not traced)": [90.0, 1], detok: [95.0, 1], "(no SGLang frame)": [88.0, 1]}
+    # by phase: the outermost SGLang frames, outermost first
+    phases = bench_serving.host_gaps(events, depth=1, outer=True)
+    assert phases == {loop: [690.0, 2], "(launch not traced)": [90.0, 1], detok: [95.0, 1], "(no SGLang frame)": [88.0, 1]}
+    assert bench_serving.host_gaps(events, depth=2, outer=True)[f"{loop} > {verify}"] == [130.0, 1]
     with open(tmp_path / "t.trace.json", "w") as f:
         json.dump({"traceEvents": events}, f)
     summary = bench_serving.kda_share(str(tmp_path))["host_gaps_us"]
     assert list(summary)[0] == f"{commit} <- {loop}"  # largest first, depth 3 (no third SGLang frame here)
+    phases = bench_serving.kda_share(str(tmp_path))["host_gap_phases_us"]
+    assert list(phases)[0] == f"{loop} > {commit}"  # outermost first, depth HOST_PHASE_DEPTH
     # a trace without host frames (GPU activity only) has nothing to charge
     with open(tmp_path / "t.trace.json", "w") as f:
         json.dump({"traceEvents": [ev for ev in events if ev["cat"] != "python_function"]}, f)
@@ -370,11 +376,14 @@ def test_profile_sums_every_kernel_and_compare_diffs_them_per_step(tmp_path, cap
     assert sum(b for b, _ in idle.values()) == pytest.approx(d["span_us"][0] - d["gpu_busy_us"][0])
     assert "| _verify_stream_kernel -> _commit_records_kernel | 0.0 | 1.0 | +1.0 |" in out
     assert "| all gaps < 5 us | 3.7 | 4.0 | +0.3 |" in out
-    assert "Host frames while the GPU idled" not in out  # no --profile-cpu window in these runs
+    assert "--profile-cpu window) by the" not in out  # no --profile-cpu window in these runs
     # with --profile-cpu windows (their own step counts): the host frames per step, largest first
     commit = "sglang_dspark_plugin/commit.py(60): commit_verified_states"
-    base_host = {"kda_steps": 2, "host_gaps_us": {commit: {"us": 300.0, "count": 2}, "(launch not traced)": {"us": 10.0, "count": 1}}}
-    new_host = {"kda_steps": 5, "host_gaps_us": {"sglang/x.py(1): f": {"us": 100.0, "count": 5}}}
+    phase = "sglang/srt/managers/scheduler.py(1): event_loop_overlap > sglang/srt/managers/scheduler.py(2): run_batch"
+    base_host = {"kda_steps": 2, "host_gaps_us": {commit: {"us": 300.0, "count": 2}, "(launch not traced)": {"us": 10.0, "count": 1}},
+                 "host_gap_phases_us": {phase: {"us": 310.0, "count": 3}}}
+    new_host = {"kda_steps": 5, "host_gaps_us": {"sglang/x.py(1): f": {"us": 100.0, "count": 5}},
+                "host_gap_phases_us": {phase: {"us": 100.0, "count": 5}}}
     rows = compare_serving.host_gap_diff({**profiles["base"], "host": base_host}, {**profiles["new"], "host": new_host})
     assert rows == [(commit, 150.0, 0.0), ("sglang/x.py(1): f", 0.0, 20.0), ("(launch not traced)", 5.0, 0.0)]
     for label, host in (("base", base_host), ("new", new_host)):
@@ -382,7 +391,10 @@ def test_profile_sums_every_kernel_and_compare_diffs_them_per_step(tmp_path, cap
             json.dump({"runs": {label: {"samples": {"64": [{"tokens_per_s": 100.0}, {"tokens_per_s": 110.0}]},
                                         "profile": {**profiles[label], "host": host}}}}, f)
     assert compare_serving.main([str(tmp_path / "base-host.json"), str(tmp_path / "new-host.json"), "--profiles"]) == 0
-    assert f"| {commit} | 150.0 | 0.0 | -150.0 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"| {commit} | 150.0 | 0.0 | -150.0 |" in out
+    assert f"| {phase} | 155.0 | 20.0 | -135.0 |" in out
+    assert out.index("by the phase of the scheduler loop") < out.index("by the innermost host frames")
     with open(tmp_path / "bare.json", "w") as f:
         json.dump({"runs": {"x": {"samples": {"64": [{"tokens_per_s": 1.0}, {"tokens_per_s": 1.0}]}}}}, f)
     with pytest.raises(SystemExit, match="no per-kernel profile"):
