@@ -91,7 +91,11 @@ class Config:
     decode_ring: bool = False
     env: tuple = ()  # (name, value) pairs for the server's environment
     default: bool = True  # in the default --configs
+    server_args: tuple = ()  # extra SGLang server arguments
 
+
+# the breakable prefill graph up to 512 tokens (8 prompts of 64): served admissions are a few prompts
+PREFILL_GRAPH = ("--cuda-graph-backend-prefill", "breakable", "--cuda-graph-max-bs-prefill", "512")
 
 CONFIGS = [
     Config("stock", "stock", False),
@@ -109,6 +113,12 @@ CONFIGS = [
     # plain decode through SGLang's decode ring (--enable-linear-replayssm; no_buffer radix, no overlap)
     Config("stock-ring", "stock", False, decode_ring=True),
     Config("dspark-ring", "dspark", False, decode_ring=True),
+    # SGLang's breakable prefill CUDA graph, which it leaves off for KDA models unless asked for:
+    # eager prefill forwards are most of the served step's GPU idle at c=64 (docs/gpu-serving.md)
+    Config("stock-dspark-replayssm-prefill-graph", "stock", True, True, default=False,
+           server_args=PREFILL_GRAPH),
+    Config("dspark-dspark-replayssm-eager-prefill-graph", "dspark", True, True, default=False,
+           env=(("SGLANG_DSPARK_LAZY_RECORDS", "0"),), server_args=PREFILL_GRAPH),
 ]
 
 
@@ -133,6 +143,7 @@ def server_args(cfg: Config, args) -> List[str]:
     if cfg.decode_ring:
         extra += ["--enable-linear-replayssm", "--linear-replayssm-cache-len", "16",
                   "--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"]  # fmt: skip
+    extra += list(cfg.server_args)
     backend = full_attention_delegate() if cfg.backend == "stock" else "dspark"
     return tiny_model_args(
         args.gamma if cfg.speculative else None,

@@ -323,6 +323,12 @@ def test_ring_length_and_radix_cache_flags_reach_the_server_arguments():
     ServerArgs.add_cli_args(parser)
     ns = parser.parse_args(["--model-path", "m", "--linear-replayssm-cache-len", "16", "--disable-radix-cache"])
     assert (ns.linear_replayssm_cache_len, ns.disable_radix_cache) == (16, True)
+    # the prefill-graph configurations add SGLang's breakable prefill graph, which it parses
+    graph = flags(by_name["dspark-dspark-replayssm-eager-prefill-graph"], "--concurrency", "64")
+    assert graph[: len(default)] == flags(by_name["dspark-dspark-replayssm-eager"], "--concurrency", "64")
+    assert graph[len(default):] == list(bench_serving.PREFILL_GRAPH)
+    ns = parser.parse_args(["--model-path", "m", *bench_serving.PREFILL_GRAPH])
+    assert (ns.cuda_graph_backend_prefill, ns.cuda_graph_max_bs_prefill) == ("breakable", 512)
 
 
 def test_profile_sums_every_kernel_and_compare_diffs_them_per_step(tmp_path, capsys):
