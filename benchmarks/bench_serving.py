@@ -319,7 +319,9 @@ def _own_frames(by_tid: Dict[object, List[tuple]], depth: int, outer: bool = Fal
     ``(ts, -dur, 1, payload)`` (sorted together: a frame that opens at a query's time encloses it)
     and yield ``(frames, payload)`` per query: the ``depth`` innermost SGLang / plugin frames open
     at the query's time, innermost first, joined by " <- " (or "(no SGLang frame)"); with
-    ``outer``, the ``depth`` outermost, outermost first, joined by " > " (the phase of the loop)."""
+    ``outer``, the ``depth`` outermost below the scheduler's event loop (:data:`LOOP_FRAME`; the
+    frames around it are the same in every gap), outermost first, joined by " > ": the phase of
+    the loop."""
     for items in by_tid.values():
         stack: List[tuple] = []  # open frames: (end, name)
         for ts, neg_dur, is_query, what in sorted(items, key=lambda item: item[:3]):
@@ -329,6 +331,9 @@ def _own_frames(by_tid: Dict[object, List[tuple]], depth: int, outer: bool = Fal
                 stack.append((ts - neg_dur, what))
                 continue
             frames = [frame for _, frame in (stack if outer else reversed(stack)) if OWN_FRAME.search(frame)]
+            if outer:
+                loops = [i for i, frame in enumerate(frames) if LOOP_FRAME.search(frame)]
+                frames = frames[loops[-1] + 1 :] if loops else frames
             yield (" > " if outer else " <- ").join(frames[:depth]) or "(no SGLang frame)", what
 
 
@@ -362,9 +367,10 @@ HOST_GAP_MIN_US = 50.0  # shorter gaps are launch gaps (GAP_SIZES), not the host
 # Kineto's categories of kernel launches: the CUDA runtime (torch's own kernels, graph replays)
 # and the driver (Triton launches through cuLaunchKernelEx, with no runtime call at all)
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
-# outermost SGLang frames that name a phase of the scheduler loop (process entry, event loop,
-# run_batch / process_batch_result / ..., with SGLang's nvtx wrapper frames between them)
-HOST_PHASE_DEPTH = 5
+# the scheduler's event loop frames (run_event_loop, event_loop_overlap, ...): the phases of a
+# step (run_batch, process_batch_result, ...) are the frames below the innermost of them
+LOOP_FRAME = re.compile(r"event_loop")
+HOST_PHASE_DEPTH = 3
 
 
 def host_gaps(events: List[dict], depth: int = 3, outer: bool = False) -> Dict[str, List[float]]:
