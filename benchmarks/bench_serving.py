@@ -56,7 +56,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from sglang_dspark_plugin.harness import tiny_models  # noqa: E402
-from sglang_dspark_plugin.harness.serving import SGLangServer, tiny_model_args  # noqa: E402
+from sglang_dspark_plugin.harness.serving import PREFILL_GRAPH_ARGS, SGLangServer, tiny_model_args  # noqa: E402
 
 # Kernels of the KDA attention core, ours and SGLang's (conv, recurrence, verify, fold or the lazy
 # ring's commit and materialisation, snapshot copies of conv windows); projections, norms and the
@@ -94,9 +94,6 @@ class Config:
     server_args: tuple = ()  # extra SGLang server arguments
 
 
-# the breakable prefill graph up to 512 tokens (8 prompts of 64): served admissions are a few prompts
-PREFILL_GRAPH = ("--cuda-graph-backend-prefill", "breakable", "--cuda-graph-max-bs-prefill", "512")
-
 CONFIGS = [
     Config("stock", "stock", False),
     Config("stock-dspark", "stock", True),
@@ -114,11 +111,11 @@ CONFIGS = [
     Config("stock-ring", "stock", False, decode_ring=True),
     Config("dspark-ring", "dspark", False, decode_ring=True),
     # SGLang's breakable prefill CUDA graph, which it leaves off for KDA models unless asked for:
-    # eager prefill forwards are most of the served step's GPU idle at c=64 (docs/gpu-serving.md)
+    # eager prefill forwards left about half of the served step's GPU idle at c=64 (docs/gpu-serving.md)
     Config("stock-dspark-replayssm-prefill-graph", "stock", True, True, default=False,
-           server_args=PREFILL_GRAPH),
+           server_args=PREFILL_GRAPH_ARGS),
     Config("dspark-dspark-replayssm-eager-prefill-graph", "dspark", True, True, default=False,
-           env=(("SGLANG_DSPARK_LAZY_RECORDS", "0"),), server_args=PREFILL_GRAPH),
+           env=(("SGLANG_DSPARK_LAZY_RECORDS", "0"),), server_args=PREFILL_GRAPH_ARGS),
 ]
 
 

@@ -327,8 +327,8 @@ def test_ring_length_and_radix_cache_flags_reach_the_server_arguments():
     # the prefill-graph configurations add SGLang's breakable prefill graph, which it parses
     graph = flags(by_name["dspark-dspark-replayssm-eager-prefill-graph"], "--concurrency", "64")
     assert graph[: len(default)] == flags(by_name["dspark-dspark-replayssm-eager"], "--concurrency", "64")
-    assert graph[len(default):] == list(bench_serving.PREFILL_GRAPH)
-    ns = parser.parse_args(["--model-path", "m", *bench_serving.PREFILL_GRAPH])
+    assert graph[len(default):] == list(bench_serving.PREFILL_GRAPH_ARGS)
+    ns = parser.parse_args(["--model-path", "m", *bench_serving.PREFILL_GRAPH_ARGS])
     assert (ns.cuda_graph_backend_prefill, ns.cuda_graph_max_bs_prefill) == ("breakable", 512)
 
 

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional
 import torch
 
 from sglang_dspark_plugin.harness import tiny_models
-from sglang_dspark_plugin.harness.serving import SGLangServer, tiny_model_args
+from sglang_dspark_plugin.harness.serving import PREFILL_GRAPH_ARGS, SGLangServer, tiny_model_args
 from sglang_dspark_plugin.settings import LAZY_RECORDS_MAX_WINDOW, gpu_available
 
 # Harness dry run without a GPU (the tiny model only, small workload): checks this kit, not the GPU.
@@ -82,6 +82,7 @@ class Served:
     # SGLANG_DSPARK_LAZY_RECORDS: None = the default (fold every commit), "1" = the lazy record ring
     # (windows up to LAZY_RECORDS_MAX_WINDOW), "0" = fold, "all" = the lazy record ring at any window
     lazy_records: Optional[str] = None
+    prefill_graph: bool = False  # SGLang's breakable prefill CUDA graph (off for KDA models by default)
 
     @property
     def id(self) -> str:
@@ -115,6 +116,8 @@ class Served:
             ]  # fmt: skip
             if TP_SIZE > 1:
                 extra += ["--tp-size", str(TP_SIZE)]
+            if self.prefill_graph:
+                extra += list(PREFILL_GRAPH_ARGS)
         backend = stock_backend() if self.backend == "stock" else "dspark"
         return tiny_model_args(
             self.gamma, spec=self.spec, attention_backend=backend, replayssm=self.replayssm, extra=extra
@@ -168,6 +171,11 @@ def configs(model: str) -> List[Served]:
         out.append(Served(model, "dspark-g3-replayssm-eager-static", "dspark", 3, True))
         # 8-token windows on the lazy ring (off by default until they are shown faster)
         out.append(Served(model, "dspark-g7-replayssm-lazy-all-static", "dspark", 7, True, lazy_records="all"))
+        # prefills through SGLang's breakable prefill graph (its capture and refresh hooks of our
+        # backend; the lazy ring's cursor reset among them), against stock's eager prefills
+        out.append(Served(model, "dspark-g3-replayssm-eager-prefill-graph", "dspark", 3, True, prefill_graph=True))
+        out.append(Served(model, "dspark-g3-replayssm-prefill-graph", "dspark", 3, True, lazy_records="1",
+                          prefill_graph=True))
     if ON_CPU:  # dry run: one speculative configuration is enough
         out = out[:2] + out[3:4]
     return out
