@@ -548,7 +548,9 @@ def check_buffered_decode(up, H, ours=True):
     the same state: every step's output, the checkpoint after the flush step (``L - 1``) and,
     at the end, the checkpoint carried over the rows buffered since (``buffered_decode_state_ref``)."""
     N, steps = 3, DECODE_RING + 2
-    kernels = [("decode_buffered", LB, lambda inst, pool, s_: ours_buffered_decode(inst, pool, s_, {}))] if ours else []
+    kernels = [("decode_buffered", LB, lambda inst, pool, s_: ours_buffered_decode(inst, pool, s_, {})),
+               ("decode_buffered_factored", LB,
+                lambda inst, pool, s_: ours_buffered_decode(inst, pool, s_, {"impl": "factored"}))] if ours else []
     if up is not None and up.has("conv", "replayssm_decode"):
         kernels.append(("up_decode_buffered", None, up.buffered_decode))
     for name, lb, fn in kernels:
@@ -745,12 +747,15 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
                         None if ok("up_fla_decode", 1) else "check failed"))
         if "dr_d" in pool:  # two ring lengths of steps per instance, so the flushes are paid
             ring_steps = range(2 * DECODE_RING)
-            # the default launch, and the plain decode's 1-warp tile it used until 2026-12-02 (spills)
-            for cfg in ({}, {"block_v": 32, "num_warps": 1}):
+            # the default launch, and the factored step (no state formed between flushes; 2026-12-04)
+            # at its default launch and the other spill-free tiles of benchmarks/sass_report.py
+            for cfg in ({}, {"impl": "factored"}, {"impl": "factored", "block_v": 16, "num_warps": 4},
+                        {"impl": "factored", "block_v": 32, "num_warps": 16}):
+                name = "decode_buffered_factored" if cfg.get("impl") == "factored" else "decode_buffered"
                 out.append(("decode_buffered", "ours", cfg or None,
                             [lambda i=i, s_=s_, c=cfg: ours_buffered_decode(i, pool, s_, c)
                              for s_ in ring_steps for i in insts],
-                            None if ok("decode_buffered", 1) else "check failed"))
+                            None if ok(name, 1) else "check failed"))
             if up.has("conv", "replayssm_decode"):
                 out.append(("up_decode_buffered", "sglang", None,
                             [lambda i=i, s_=s_: up.buffered_decode(i, pool, s_) for s_ in ring_steps for i in insts],

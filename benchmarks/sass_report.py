@@ -126,6 +126,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--warps", type=int, default=None)
     ap.add_argument("--no-conv", action="store_true", help="fold: without the conv-state roll")
     ap.add_argument("--buffered", action="store_true", help="decode: through SGLang's decode ring (16 rows)")
+    ap.add_argument("--factored", action="store_true", help="buffered decode: impl='factored' (no state formed "
+                    "between flushes)")
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--lines", type=int, default=0, help="also list the N source lines with the most SASS")
     a = ap.parse_args(argv)
@@ -136,7 +138,7 @@ def main(argv=None) -> dict:
         fn = decode_kernels._decode_kernel
         warps, common = a.warps or 1, dict(USE_PDL=False)
         const = dict(common, BV=a.block_v or 32, ACT_BF16=True, USE_LB=True, BUFFERED=a.buffered, LP=16,
-                     HAS_FORCE_FLUSH=False, DOT_PREC="tf32x3")
+                     HAS_FORCE_FLUSH=False, DOT_PREC="tf32x3", FACTORED=a.factored)
     elif a.kernel == "materialize":
         fn, warps, common = record_ring._materialize_records_kernel, a.warps or 4, dict(USE_PDL=False)
         const = dict(common, BV=a.block_v or 32, LP=16, SPLIT_D=True, DOT_PREC="tf32x3")

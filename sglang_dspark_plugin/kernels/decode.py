@@ -17,6 +17,15 @@ log-gate ``g_j`` ``[K]``, so the state before this token is, per K channel ``c``
 (one ``[BV, LP] x [LP, K]`` ``tl.dot`` per V-tile). This token's step runs on it as in plain
 decode; then either its row ``(d_w, k_w, g_w)`` is appended (nothing else written: one state read,
 a few KiB written) or, at ``w == L - 1`` or a forced flush, the new state goes to the pool.
+
+``impl="factored"`` does not form ``S`` on the steps that do not flush: the step only needs ``S``
+times two vectors (after this token's decay ``e^g``), ``S x = S0 (e^G o x) + D^T (Kc x)`` with
+``Kc`` the carried keys above, so each V-tile costs two row sums over the checkpoint tile and an
+``[LP] x [LP, BV]`` product instead of the ``tl.dot`` over the whole tile:
+
+    u = beta (v - S (e^g o k)),   o = S (e^g o q) + u (k . q)
+
+(the state after the step is ``S o e^g + u k^T``). A flushing step forms the state as above.
 """
 
 from __future__ import annotations
@@ -35,6 +44,18 @@ from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_wei
 from .reference import default_scale
 
 
+@triton.jit
+def _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows):
+    """Ring rows ``j < w`` (``rows``) of one (slot, head): each row's key carried to this token,
+    ``k_j o exp(G_w - G_{j+1})`` ``[LP, K]`` (0 past the cursor), and the checkpoint's decay
+    ``exp(G_w)`` ``[K]`` (module docstring)."""
+    ring_g = tl.load(rg_base + offs_l[:, None] * s_rg_l + offs_k[None, :], mask=rows[:, None], other=0.0)
+    ring_k = tl.load(rk_base + offs_l[:, None] * s_rk_l + offs_k[None, :], mask=rows[:, None], other=0.0)
+    G = tl.sum(ring_g, axis=0)
+    carried_k = tl.where(rows[:, None], ring_k * tl.exp(G[None, :] - tl.cumsum(ring_g, axis=0)), 0.0)
+    return carried_k, tl.exp(G)
+
+
 @triton.jit(do_not_specialize=["H", "s_b_t", "s_b_h"])
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, out_ptr,
@@ -47,7 +68,7 @@ def _decode_kernel(
     s_rd_slot, s_rd_h, s_rd_l, s_rk_slot, s_rk_h, s_rk_l, s_rg_slot, s_rg_h, s_rg_l,
     BV: tl.constexpr, ACT_BF16: tl.constexpr, USE_LB: tl.constexpr,
     BUFFERED: tl.constexpr = False, LP: tl.constexpr = 16, HAS_FORCE_FLUSH: tl.constexpr = False,
-    DOT_PREC: tl.constexpr = "tf32x3", USE_PDL: tl.constexpr = False,
+    DOT_PREC: tl.constexpr = "tf32x3", USE_PDL: tl.constexpr = False, FACTORED: tl.constexpr = False,
 ):
     _pdl_enter(USE_PDL)
     n = tl.program_id(0)
@@ -103,11 +124,16 @@ def _decode_kernel(
             rd_base = rd_ptr + slot * s_rd_slot + h64 * s_rd_h
             rk_base = rk_ptr + slot * s_rk_slot + h64 * s_rk_h
             rg_base = rg_ptr + slot * s_rg_slot + h64 * s_rg_h
-            ring_g = tl.load(rg_base + offs_l[:, None] * s_rg_l + offs_k[None, :], mask=rows[:, None], other=0.0)
-            ring_k = tl.load(rk_base + offs_l[:, None] * s_rk_l + offs_k[None, :], mask=rows[:, None], other=0.0)
-            G = tl.sum(ring_g, axis=0)
-            carried_k = tl.where(rows[:, None], ring_k * tl.exp(G[None, :] - tl.cumsum(ring_g, axis=0)), 0.0)
-            checkpoint_decay = tl.exp(G)
+            carried_k, checkpoint_decay = _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows)
+            if FACTORED:  # S x = S0 (e^G o x) + D^T (Kc x) for x = e^g o k and e^g o q
+                step_decay = tl.exp(g)
+                k_dec = kn * step_decay
+                q_dec = qn * step_decay
+                k_ckpt = k_dec * checkpoint_decay
+                q_ckpt = q_dec * checkpoint_decay
+                k_rows = tl.sum(carried_k * k_dec[None, :], axis=1)  # [LP]: Kc (e^g o k)
+                q_rows = tl.sum(carried_k * q_dec[None, :], axis=1)
+                kq = tl.sum(kn * qn)
         for iv in range(NV):
             offs_v = iv * BV + tl.arange(0, BV)
             ch_v = 2 * H * KD + h * KD + offs_v
@@ -117,23 +143,44 @@ def _decode_kernel(
             yv = _round_act(_conv_silu(v0, v1, v2, xv, wv0, wv1, wv2, wv3), ACT_BF16)
 
             s_ptrs = s_base + offs_v[:, None] * KD + offs_k[None, :]
-            if BUFFERED:
+            if BUFFERED and FACTORED:
+                # row w gets u even when this step flushes (the flush below reads it back; SGLang
+                # reads no row at or past the cursor, which the flush resets to 0)
                 d = tl.load(rd_base + offs_l[:, None] * s_rd_l + offs_v[None, :], mask=rows[:, None], other=0.0)
-                S = tl.load(s_ptrs) * checkpoint_decay[None, :]
-                S = tl.dot(tl.trans(d), carried_k, S, input_precision=DOT_PREC)
-                # the step of _delta_step, keeping its corrected delta u for the ring
-                S = S * tl.exp(g)[None, :]
-                u = beta * (yv - tl.sum(S * kn[None, :], axis=1))
-                S = tl.fma(u[:, None], kn[None, :], S)
-                if flush:
-                    tl.store(s_ptrs, S)
-                else:
-                    tl.store(rd_base + w * s_rd_l + offs_v, u)
+                S0 = tl.load(s_ptrs)
+                u = beta * (yv - tl.sum(S0 * k_ckpt[None, :], axis=1) - tl.sum(d * k_rows[:, None], axis=0))
+                o = tl.sum(S0 * q_ckpt[None, :], axis=1) + tl.sum(d * q_rows[:, None], axis=0) + u * kq
+                tl.store(rd_base + w * s_rd_l + offs_v, u)
             else:
-                S = _delta_step(tl.load(s_ptrs), kn, g, beta, yv)
-                tl.store(s_ptrs, S)
-            o = tl.sum(S * qn[None, :], axis=1)
+                if BUFFERED:
+                    d = tl.load(rd_base + offs_l[:, None] * s_rd_l + offs_v[None, :], mask=rows[:, None], other=0.0)
+                    S = tl.load(s_ptrs) * checkpoint_decay[None, :]
+                    S = tl.dot(tl.trans(d), carried_k, S, input_precision=DOT_PREC)
+                    # the step of _delta_step, keeping its corrected delta u for the ring
+                    S = S * tl.exp(g)[None, :]
+                    u = beta * (yv - tl.sum(S * kn[None, :], axis=1))
+                    S = tl.fma(u[:, None], kn[None, :], S)
+                    if flush:
+                        tl.store(s_ptrs, S)
+                    else:
+                        tl.store(rd_base + w * s_rd_l + offs_v, u)
+                else:
+                    S = _delta_step(tl.load(s_ptrs), kn, g, beta, yv)
+                    tl.store(s_ptrs, S)
+                o = tl.sum(S * qn[None, :], axis=1)
             tl.store(o_base + offs_v, _round_act(o, ACT_BF16).to(out_ty))
+        if BUFFERED and FACTORED:
+            if flush:  # form the state once, in a second pass over the (cached) tiles
+                carried_k, checkpoint_decay = _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows)
+                tl.debug_barrier()  # u of every V-tile stored above before it is read back
+                for iv in range(NV):
+                    offs_v = iv * BV + tl.arange(0, BV)
+                    s_ptrs = s_base + offs_v[:, None] * KD + offs_k[None, :]
+                    d = tl.load(rd_base + offs_l[:, None] * s_rd_l + offs_v[None, :], mask=rows[:, None], other=0.0)
+                    u = tl.load(rd_base + w * s_rd_l + offs_v)
+                    S = tl.dot(tl.trans(d), carried_k, tl.load(s_ptrs) * checkpoint_decay[None, :],
+                               input_precision=DOT_PREC)
+                    tl.store(s_ptrs, tl.fma(u[:, None], kn[None, :], S * step_decay[None, :]))
         if BUFFERED:
             if not flush:
                 tl.store(rk_base + w * s_rk_l + offs_k, kn)
@@ -202,7 +249,9 @@ def decode(
         step (power of two dividing 128; 128 = the whole state tile at once; >= 16 when buffered)
         and warps.
     impl : str, optional
-        ``None`` / ``"auto"`` / ``"rows"``: the recurrent ``[block_v, 128]`` kernel (the only one).
+        ``None`` / ``"auto"`` / ``"rows"``: the recurrent ``[block_v, 128]`` kernel, which forms the
+        state every step. ``"factored"`` (buffered only): between flushes, the step's two products
+        with the state from the checkpoint and the ring rows, without forming it (module docstring).
     dot_precision : str
         ``tl.dot`` precision of the buffered state reconstruction (``"tf32x3"``: about fp32;
         ``"ieee"``).
@@ -239,13 +288,16 @@ def decode(
     buffered = dict(ring_d=ring_d, ring_k=ring_k, ring_g=ring_g, write_pos=write_pos) if L else {}
     V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
                    ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, out=out, **buffered)
-    cfg = LC.decode(H, B, buffered=bool(L))
+    cfg = LC.decode(H, B, buffered=bool(L), factored=impl == "factored")
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
     if L and BV < 16:
         raise V.dspark_error(V.E_BLOCK_V, "block_v", expected="block_v >= 16 in buffered decode (tl.dot tile)",
                              got=f"block_v = {BV}", fix="leave block_v=None")
     warps = num_warps or cfg["num_warps"]
-    V.check_impl(impl, (None, "auto", "rows"))
+    V.check_impl(impl, (None, "auto", "rows", "factored"))
+    if impl == "factored" and not L:
+        raise V.dspark_error(V.E_IMPL, "impl", expected="impl='factored' only with the decode ring (ring_d, ...)",
+                             got="impl='factored' without rings", fix="leave impl=None for plain decode")
     if B == 0:
         return out
     rings = (ring_d, ring_k, ring_g) if L else (ssm_state,) * 3  # unread when plain
@@ -262,7 +314,7 @@ def decode(
         L, *ring_strides,
         BV=BV, ACT_BF16=act == torch.bfloat16, USE_LB=lower_bound is not None,
         BUFFERED=bool(L), LP=max(16, triton.next_power_of_2(max(L, 1))),
-        HAS_FORCE_FLUSH=bool(L) and force_flush is not None, DOT_PREC=dot_precision,
+        HAS_FORCE_FLUSH=bool(L) and force_flush is not None, DOT_PREC=dot_precision, FACTORED=impl == "factored",
         num_warps=warps, **LC.pdl_kwargs(dev),
     )
     return out

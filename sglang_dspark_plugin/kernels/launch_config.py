@@ -94,16 +94,19 @@ def fold(H: int, N: int, layers: int) -> dict:
     return dict(block_v=16, num_warps=1)
 
 
-def decode(H: int, N: int, buffered: bool = False) -> dict:
+def decode(H: int, N: int, buffered: bool = False, factored: bool = False) -> dict:
     """Decode: one program per (request, head), looping over V-tiles of ``block_v`` rows: the whole
     128-row tile with 4 warps while N*H <= 1024 (latency-bound), 32-row tiles with 1 warp above
     (H200 sweep: docs/benchmarks.md, "Launch table: the measurements behind each choice").
     Buffered (SGLang's decode ring): 32-row tiles with 4 warps at every size, the only tile of
     those tried that compiles for sm_90 without spills (the ring's 16 x 128 carried keys and the
     ``tl.dot`` operands stay live across the V loop; 1 warp spills 976 B, 128 rows 456 B:
-    ``benchmarks/sass_report.py decode --buffered``)."""
+    ``benchmarks/sass_report.py decode --buffered``). The factored buffered step (``impl="factored"``)
+    has its own tile."""
     if interpreting():
         return dict(block_v=32, num_warps=4)
+    if buffered and factored:  # untimed: 32 rows with 8 warps compile for sm_90 at 128 registers, no spills
+        return dict(block_v=32, num_warps=8)
     if buffered:
         return dict(block_v=32, num_warps=4)
     if _programs(N, H) <= 1024:

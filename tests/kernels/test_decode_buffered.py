@@ -19,9 +19,10 @@ def _rings(slots, H, L, dev):
     return [torch.full((slots, H, L, 128), float("nan"), dtype=torch.float32, device=dev) for _ in range(3)]
 
 
+@pytest.mark.parametrize("impl", [None, "factored"], ids=("rows", "factored"))
 @pytest.mark.parametrize("dtype,lb,L", [(torch.float32, None, 4), (torch.bfloat16, -5.0, 8), (torch.float32, None, 1)],
                          ids=("fp32-L4", "bf16-lb-L8", "fp32-L1"))
-def test_buffered_decode_follows_the_reference_across_flushes(dtype, lb, L):
+def test_buffered_decode_follows_the_reference_across_flushes(dtype, lb, L, impl):
     H, N = (4 if CUDA else 2), 3
     steps = 2 * L + 5  # at least two natural wraps, and a forced flush (step 3)
     slot_list = [3, -1, 0]
@@ -43,7 +44,7 @@ def test_buffered_decode_follows_the_reference_across_flushes(dtype, lb, L):
                              conv_state=conv_r, slot_indices=p.slot_indices, act_dtype=dtype)
         out = decode(q, k, v, a, b, **p.params(), ssm_state=p.ssm_state, conv_state=p.conv_state,
                      slot_indices=p.slot_indices, ring_d=ring_d, ring_k=ring_k, ring_g=ring_g,
-                     write_pos=write_pos, force_flush=force)
+                     write_pos=write_pos, force_flush=force, impl=impl)
         assert rel_err(out, out_r) <= (1e-5 if dtype == torch.float32 else 1e-2), (step, rel_err(out, out_r))
         assert (out[0, 1] == 0).all(), "padding row output must be zero"
         for n, s in enumerate(slot_list):
@@ -73,6 +74,7 @@ def test_buffered_decode_argument_errors():
         ("DSPARK-E111", dict(ring_d=ring_d, ring_k=ring_k, ring_g=ring_g, write_pos=wp.long())),
         ("DSPARK-E111", dict(ring_d=ring_d, ring_k=ring_k, ring_g=ring_g, write_pos=wp, force_flush=wp[:1])),
         ("DSPARK-E121", dict(ring_d=ring_d, ring_k=ring_k, ring_g=ring_g, write_pos=wp, block_v=8)),
+        ("DSPARK-E123", dict(impl="factored")),  # the factored step needs the ring
     ]
     for code, kwargs in cases:
         with pytest.raises(DSparkError, match=code):
