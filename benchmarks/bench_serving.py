@@ -378,19 +378,35 @@ def host_gaps(events: List[dict], depth: int = 3, outer: bool = False) -> Dict[s
     ``{frames: [us, count]}``; with ``outer``, to the outermost frames instead (which phase of the
     scheduler loop: :func:`_own_frames`). A gap whose ending kernel has no traced launch counts under
     "(launch not traced)"."""
+    return _charge_gaps(*_gap_queries(events), depth, outer)
+
+
+def _gap_queries(events: List[dict]) -> tuple:
+    """The sweep items of :func:`host_gaps` for one trace: each thread's frames with a query
+    ``(midpoint, 0, 1, us)`` per gap of at least :data:`HOST_GAP_MIN_US` on the thread that
+    launched the kernel ending it, and the gaps whose ending kernel has no traced launch (``[us]``)."""
     launch_tid = {ev["args"]["correlation"]: ev.get("tid") for ev in events
                   if ev.get("cat") in LAUNCH_CATS and "correlation" in ev.get("args", {})}
     kernels = [(float(ev["ts"]), float(ev["ts"]) + float(ev.get("dur", 0.0)), ev.get("args", {}).get("correlation"))
                for ev in events if ev.get("cat") == "kernel" and "ts" in ev]
     by_tid = _python_frames(events)
-    gaps: Dict[str, List[float]] = {}
+    untraced: List[float] = []
     for _, correlation, start, stop in _gaps(sorted(kernels, key=lambda k: k[:2])):
         if stop - start < HOST_GAP_MIN_US:
             continue
         if correlation in launch_tid:
             by_tid.setdefault(launch_tid[correlation], []).append(((start + stop) / 2, 0.0, 1, stop - start))
         else:
-            _add(gaps, "(launch not traced)", stop - start)
+            untraced.append(stop - start)
+    return by_tid, untraced
+
+
+def _charge_gaps(by_tid: Dict[object, List[tuple]], untraced: List[float], depth: int, outer: bool) -> Dict[str, List[float]]:
+    """:func:`host_gaps` from the items of :func:`_gap_queries` (one trace's queries, swept as often
+    as there are records to charge)."""
+    gaps: Dict[str, List[float]] = {}
+    for us in untraced:
+        _add(gaps, "(launch not traced)", us)
     for key, us in _own_frames(by_tid, depth, outer):
         _add(gaps, key, us)
     return gaps
@@ -435,8 +451,9 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
             events = json.load(f).get("traceEvents", [])
         _merge(waits, host_waits(events))
         if any(ev.get("cat") == "python_function" for ev in events):  # a trace with host frames
-            _merge(host_gap, host_gaps(events))
-            _merge(host_phase, host_gaps(events, depth=HOST_PHASE_DEPTH, outer=True))
+            queries = _gap_queries(events)  # one pass over the trace for both records
+            _merge(host_gap, _charge_gaps(*queries, depth=3, outer=False))
+            _merge(host_phase, _charge_gaps(*queries, depth=HOST_PHASE_DEPTH, outer=True))
         intervals = []
         for ev in events:
             cat = ev.get("cat")
