@@ -56,6 +56,14 @@ def _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows):
     return carried_k, tl.exp(G)
 
 
+@triton.jit
+def _ring_state(S0, d, carried_k, checkpoint_decay, step_decay, DOT_PREC: tl.constexpr):
+    """The state before this token's update, one ``[BV, K]`` tile: the checkpoint tile ``S0`` and
+    the ring's deltas ``d`` ``[LP, BV]`` carried up to now, then this token's decay ``step_decay``."""
+    S = tl.dot(tl.trans(d), carried_k, S0 * checkpoint_decay[None, :], input_precision=DOT_PREC)
+    return S * step_decay[None, :]
+
+
 @triton.jit(do_not_specialize=["H", "s_b_t", "s_b_h"])
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, out_ptr,
@@ -125,8 +133,8 @@ def _decode_kernel(
             rk_base = rk_ptr + slot * s_rk_slot + h64 * s_rk_h
             rg_base = rg_ptr + slot * s_rg_slot + h64 * s_rg_h
             carried_k, checkpoint_decay = _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows)
+            step_decay = tl.exp(g)
             if FACTORED:  # S x = S0 (e^G o x) + D^T (Kc x) for x = e^g o k and e^g o q
-                step_decay = tl.exp(g)
                 k_dec = kn * step_decay
                 q_dec = qn * step_decay
                 k_ckpt = k_dec * checkpoint_decay
@@ -143,30 +151,30 @@ def _decode_kernel(
             yv = _round_act(_conv_silu(v0, v1, v2, xv, wv0, wv1, wv2, wv3), ACT_BF16)
 
             s_ptrs = s_base + offs_v[:, None] * KD + offs_k[None, :]
+            if BUFFERED:
+                d_ptrs = rd_base + offs_l[:, None] * s_rd_l + offs_v[None, :]  # [LP, BV]: rows < w
             if BUFFERED and FACTORED:
                 # row w gets u even when this step flushes (the flush below reads it back; SGLang
                 # reads no row at or past the cursor, which the flush resets to 0)
-                d = tl.load(rd_base + offs_l[:, None] * s_rd_l + offs_v[None, :], mask=rows[:, None], other=0.0)
+                d = tl.load(d_ptrs, mask=rows[:, None], other=0.0)
                 S0 = tl.load(s_ptrs)
                 u = beta * (yv - tl.sum(S0 * k_ckpt[None, :], axis=1) - tl.sum(d * k_rows[:, None], axis=0))
                 o = tl.sum(S0 * q_ckpt[None, :], axis=1) + tl.sum(d * q_rows[:, None], axis=0) + u * kq
                 tl.store(rd_base + w * s_rd_l + offs_v, u)
-            else:
-                if BUFFERED:
-                    d = tl.load(rd_base + offs_l[:, None] * s_rd_l + offs_v[None, :], mask=rows[:, None], other=0.0)
-                    S = tl.load(s_ptrs) * checkpoint_decay[None, :]
-                    S = tl.dot(tl.trans(d), carried_k, S, input_precision=DOT_PREC)
-                    # the step of _delta_step, keeping its corrected delta u for the ring
-                    S = S * tl.exp(g)[None, :]
-                    u = beta * (yv - tl.sum(S * kn[None, :], axis=1))
-                    S = tl.fma(u[:, None], kn[None, :], S)
-                    if flush:
-                        tl.store(s_ptrs, S)
-                    else:
-                        tl.store(rd_base + w * s_rd_l + offs_v, u)
-                else:
-                    S = _delta_step(tl.load(s_ptrs), kn, g, beta, yv)
+            elif BUFFERED:
+                S = _ring_state(tl.load(s_ptrs), tl.load(d_ptrs, mask=rows[:, None], other=0.0), carried_k,
+                                checkpoint_decay, step_decay, DOT_PREC)
+                # the step of _delta_step, keeping its corrected delta u for the ring
+                u = beta * (yv - tl.sum(S * kn[None, :], axis=1))
+                S = tl.fma(u[:, None], kn[None, :], S)
+                if flush:
                     tl.store(s_ptrs, S)
+                else:
+                    tl.store(rd_base + w * s_rd_l + offs_v, u)
+                o = tl.sum(S * qn[None, :], axis=1)
+            else:
+                S = _delta_step(tl.load(s_ptrs), kn, g, beta, yv)
+                tl.store(s_ptrs, S)
                 o = tl.sum(S * qn[None, :], axis=1)
             tl.store(o_base + offs_v, _round_act(o, ACT_BF16).to(out_ty))
         if BUFFERED and FACTORED:
@@ -177,10 +185,9 @@ def _decode_kernel(
                     offs_v = iv * BV + tl.arange(0, BV)
                     s_ptrs = s_base + offs_v[:, None] * KD + offs_k[None, :]
                     d = tl.load(rd_base + offs_l[:, None] * s_rd_l + offs_v[None, :], mask=rows[:, None], other=0.0)
+                    S = _ring_state(tl.load(s_ptrs), d, carried_k, checkpoint_decay, step_decay, DOT_PREC)
                     u = tl.load(rd_base + w * s_rd_l + offs_v)
-                    S = tl.dot(tl.trans(d), carried_k, tl.load(s_ptrs) * checkpoint_decay[None, :],
-                               input_precision=DOT_PREC)
-                    tl.store(s_ptrs, tl.fma(u[:, None], kn[None, :], S * step_decay[None, :]))
+                    tl.store(s_ptrs, tl.fma(u[:, None], kn[None, :], S))
         if BUFFERED:
             if not flush:
                 tl.store(rk_base + w * s_rk_l + offs_k, kn)
@@ -288,14 +295,15 @@ def decode(
     buffered = dict(ring_d=ring_d, ring_k=ring_k, ring_g=ring_g, write_pos=write_pos) if L else {}
     V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
                    ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, out=out, **buffered)
-    cfg = LC.decode(H, B, buffered=bool(L), factored=impl == "factored")
+    factored = impl == "factored"
+    cfg = LC.decode(H, B, buffered=bool(L), factored=factored)
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
     if L and BV < 16:
         raise V.dspark_error(V.E_BLOCK_V, "block_v", expected="block_v >= 16 in buffered decode (tl.dot tile)",
                              got=f"block_v = {BV}", fix="leave block_v=None")
     warps = num_warps or cfg["num_warps"]
     V.check_impl(impl, (None, "auto", "rows", "factored"))
-    if impl == "factored" and not L:
+    if factored and not L:
         raise V.dspark_error(V.E_IMPL, "impl", expected="impl='factored' only with the decode ring (ring_d, ...)",
                              got="impl='factored' without rings", fix="leave impl=None for plain decode")
     if B == 0:
@@ -314,7 +322,7 @@ def decode(
         L, *ring_strides,
         BV=BV, ACT_BF16=act == torch.bfloat16, USE_LB=lower_bound is not None,
         BUFFERED=bool(L), LP=max(16, triton.next_power_of_2(max(L, 1))),
-        HAS_FORCE_FLUSH=bool(L) and force_flush is not None, DOT_PREC=dot_precision, FACTORED=impl == "factored",
+        HAS_FORCE_FLUSH=bool(L) and force_flush is not None, DOT_PREC=dot_precision, FACTORED=factored,
         num_warps=warps, **LC.pdl_kwargs(dev),
     )
     return out
