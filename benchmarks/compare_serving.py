@@ -122,13 +122,21 @@ def idle_by_size(base: dict, new: dict) -> list:
 def host_gap_diff(base: dict, new: dict, top: int = 10, record: str = "host_gaps_us") -> Optional[list]:
     """Per-step GPU idle of two ``--profile-cpu`` windows by the host frames it was charged to
     (``profile["host"][record]``: ``host_gaps_us``, innermost frames, or ``host_gap_phases_us``,
-    outermost; :func:`bench_serving.host_gaps`): ``(frames, base us, new us)`` for the ``top`` by
+    the frames below the scheduler's event loop; :func:`bench_serving.host_gaps`): ``(frames, base us, new us)`` for the ``top`` by
     the larger of the two, or None where either run has no such record."""
     hosts = [prof.get("host") or {} for prof in (base, new)]
     if not all(h.get(record) is not None and h.get("kda_steps") for h in hosts):
         return None
     b, n = hosts
     return _largest(_per_step(b[record], b["kda_steps"], n[record], n["kda_steps"]), top)
+
+
+def _diff_table(key: str, base_name: str, new_name: str, rows: list) -> None:
+    """Print ``(label, base us, new us)`` rows as a markdown table with their difference."""
+    print(f"| {key} | {base_name} | {new_name} | difference |")
+    print("|---|---|---|---|")
+    for label, b, n in rows:
+        print(f"| {label} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
 
 
 def compare(base: List[float], new: List[float], skip: int = 0) -> dict:
@@ -181,36 +189,24 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.profiles:
         d = kernel_diff(profile_of(base_run), profile_of(new_run))
         print(f"\nGPU us per decode / verify step ({d['steps'][0]} and {d['steps'][1]} steps profiled)")
-        print(f"| kernel | {base_name} | {new_name} | difference |")
-        print("|---|---|---|---|")
-        totals = (("all kernels", d["kernel_us"]), ("GPU busy (kernels' union)", d["gpu_busy_us"]),
-                  ("span (first kernel to last)", d["span_us"]))
-        for label, (b, n) in totals:
-            print(f"| {label} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
-        for name, b, n in d["rows"]:
-            print(f"| {name[:80]} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
+        totals = [("all kernels", *d["kernel_us"]), ("GPU busy (kernels' union)", *d["gpu_busy_us"]),
+                  ("span (first kernel to last)", *d["span_us"])]
+        _diff_table("kernel", base_name, new_name, totals + [(name[:80], b, n) for name, b, n in d["rows"]])
         idle = idle_diff(profile_of(base_run), profile_of(new_run))
         if idle is None:
             print("\nGPU idle by place: not recorded in both profiles (bench_serving.py before 2026-12-04)")
         else:
             print("\nGPU idle us per step, by the kernel before the gap -> the kernel after it")
-            print(f"| where | {base_name} | {new_name} | difference |")
-            print("|---|---|---|---|")
-            for where, b, n in idle:
-                print(f"| {where} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
-            print(f"\n| gap size | {base_name} | {new_name} | difference |")
-            print("|---|---|---|---|")
-            for size, b, n in idle_by_size(profile_of(base_run), profile_of(new_run)):
-                print(f"| all gaps {size} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
-        for record, title in (("host_gap_phases_us", "phase of the scheduler loop (outermost frames)"),
+            _diff_table("where", base_name, new_name, idle)
+            print()
+            sizes = idle_by_size(profile_of(base_run), profile_of(new_run))
+            _diff_table("gap size", base_name, new_name, [(f"all gaps {size}", b, n) for size, b, n in sizes])
+        for record, title in (("host_gap_phases_us", "phase of the scheduler loop (frames below its event loop)"),
                               ("host_gaps_us", "innermost host frames")):
             host = host_gap_diff(profile_of(base_run), profile_of(new_run), record=record)
             if host:
                 print(f"\nGPU idle (gaps of 50 us and more, --profile-cpu window) by the {title}, us per step")
-                print(f"| frames | {base_name} | {new_name} | difference |")
-                print("|---|---|---|---|")
-                for frames, b, n in host:
-                    print(f"| {frames[:160]} | {b:.1f} | {n:.1f} | {n - b:+.1f} |")
+                _diff_table("frames", base_name, new_name, [(frames[:160], b, n) for frames, b, n in host])
     return 0
 
 
