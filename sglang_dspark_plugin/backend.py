@@ -47,8 +47,8 @@ from .errors import dspark_error
 from .kernels import decode, mtp_verify
 from .layout import as_dense_beta, as_dense_heads, densify_verify_batch, split_mixed_qkv
 from .settings import (ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM, LAZY_RECORDS_ENV, LAZY_RECORDS_MAX_WINDOW,
-                       LAZY_RECORDS_TESTED_WINDOW, lazy_records_any_window, lazy_records_enabled,
-                       lazy_records_setting)
+                       LAZY_RECORDS_TESTED_WINDOW, buffered_decode_impl, lazy_records_any_window,
+                       lazy_records_enabled, lazy_records_setting)
 
 logger = logging.getLogger("sglang_dspark_plugin")
 
@@ -142,6 +142,9 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
                 fix="set only --speculative-dspark-block-size (SGLang derives the draft token count "
                 "from it), or make --speculative-num-draft-tokens equal gamma + 1",
             )
+        # The buffered decode kernel (SGLANG_DSPARK_BUFFERED_DECODE), read once: a bad value stops
+        # the server at start, not at its first decode ring step.
+        self.buffered_decode_impl = buffered_decode_impl()
         # Which verify implementation ran last: the commit must match it.
         self.last_verify_used_plugin = False
         # The lazy record ring's cursor (the pool's dspark_record_cursor), or None: fold every commit.
@@ -317,6 +320,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
                 ring_g=cache.replayssm_g,
                 write_pos=_as_int32(fm.replayssm_write_pos[:num_tokens]),
                 force_flush=None if fm.replayssm_force_flush is None else _as_int32(fm.replayssm_force_flush[:num_tokens]),
+                impl=self.buffered_decode_impl,
             )
         q, k, v = split_mixed_qkv(mixed_qkv, heads)
         out = decode(
@@ -330,7 +334,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         self._track_mamba_state_decode(
             forward_batch, cache.conv[0], cache.temporal, slots, layer.layer_id
         )
-        _log_kernel_first_use("decode (buffered)" if ring else "decode")
+        _log_kernel_first_use(f"decode (buffered, {self.buffered_decode_impl})" if ring else "decode")
         return out
 
     # --- TARGET_VERIFY ----------------------------------------------------------------------------

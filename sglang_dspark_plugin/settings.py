@@ -34,6 +34,8 @@ CPU_ENV = "SGLANG_DSPARK_CPU"
 PDL_ENV = "SGLANG_DSPARK_PDL"
 TINY_DIR_ENV = "SGLANG_DSPARK_TINY_DIR"
 LAZY_RECORDS_ENV = "SGLANG_DSPARK_LAZY_RECORDS"
+BUFFERED_DECODE_ENV = "SGLANG_DSPARK_BUFFERED_DECODE"
+BUFFERED_DECODE_IMPLS = ("rows", "factored")
 
 ENV_VARS = {
     FULL_ATTN_BACKEND_ENV: "stock SGLang backend for the MLA / full-attention layers (default: fa3 on "
@@ -48,6 +50,8 @@ ENV_VARS = {
     "in served tokens/s: off by default, docs/lazy-flush.md); all = also for windows of "
     f"{LAZY_RECORDS_MAX_WINDOW + 1}-{LAZY_RECORDS_TESTED_WINDOW} tokens (correct, not yet shown faster); "
     "unset or 0 = fold every commit",
+    BUFFERED_DECODE_ENV: "the buffered decode kernel under --enable-linear-replayssm: rows (default) = form the "
+    "state every step; factored = only the step's two state products between flushes (kernels/decode.py)",
 }
 
 
@@ -82,6 +86,18 @@ def lazy_records_any_window() -> bool:
     """``SGLANG_DSPARK_LAZY_RECORDS=all``: the lazy record ring also for verify windows above
     ``LAZY_RECORDS_MAX_WINDOW`` tokens."""
     return lazy_records_setting() == "all"
+
+
+def buffered_decode_impl() -> str:
+    """``SGLANG_DSPARK_BUFFERED_DECODE``: the ``impl`` of :func:`kernels.decode.decode` in SGLang's
+    decode ring, ``rows`` when unset or empty. Any other value is refused with one clear error."""
+    value = os.environ.get(BUFFERED_DECODE_ENV) or "rows"
+    if value not in BUFFERED_DECODE_IMPLS:
+        raise ValueError(
+            f"{BUFFERED_DECODE_ENV}={value!r} is not a buffered decode kernel: use one of "
+            f"{', '.join(BUFFERED_DECODE_IMPLS)} (or leave it unset for rows)"
+        )
+    return value
 
 
 def tiny_dir() -> Optional[str]:

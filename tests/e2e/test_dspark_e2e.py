@@ -112,7 +112,7 @@ class SpecConfig:
     def kernels(self):
         """The plugin kernels this configuration must run (their first-use log lines)."""
         if self.gamma is None:
-            return ["decode (buffered)"] if self.decode_ring else ["decode"]
+            return ["decode (buffered, rows)"] if self.decode_ring else ["decode"]
         if self.lazy:
             return ["mtp_verify (ring, lazy records)", "lazy records commit"]
         return ["mtp_verify (ring)", "replayssm_fold"] if self.replayssm else ["mtp_verify (snapshot)"]

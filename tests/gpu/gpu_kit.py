@@ -83,6 +83,7 @@ class Served:
     # (windows up to LAZY_RECORDS_MAX_WINDOW), "0" = fold, "all" = the lazy record ring at any window
     lazy_records: Optional[str] = None
     prefill_graph: bool = False  # SGLang's breakable prefill CUDA graph (off for KDA models by default)
+    buffered_decode: Optional[str] = None  # SGLANG_DSPARK_BUFFERED_DECODE; None = the default (rows)
 
     @property
     def id(self) -> str:
@@ -127,6 +128,8 @@ class Served:
         env = {"SGLANG_RAGGED_VERIFY_MODE": self.ragged} if self.gamma else {}
         if self.lazy_records is not None:
             env["SGLANG_DSPARK_LAZY_RECORDS"] = self.lazy_records
+        if self.buffered_decode is not None:
+            env["SGLANG_DSPARK_BUFFERED_DECODE"] = self.buffered_decode
         return env
 
     @property
@@ -141,7 +144,7 @@ class Served:
         if self.backend != "dspark":
             return []
         if self.gamma is None:
-            return ["decode (buffered)"] if self.decode_ring else ["decode"]
+            return [f"decode (buffered, {self.buffered_decode or 'rows'})"] if self.decode_ring else ["decode"]
         if self.lazy:
             return ["mtp_verify (ring, lazy records)", "lazy records commit"]
         if self.replayssm:
@@ -155,6 +158,9 @@ def configs(model: str) -> List[Served]:
         Served(model, "dspark-decode", "dspark"),
         Served(model, "dspark-decode-ring", "dspark", decode_ring=True),
     ]
+    if not ON_CPU:  # the factored buffered decode (kernels/decode.py), opt-in
+        out.append(Served(model, "dspark-decode-ring-factored", "dspark", decode_ring=True,
+                          buffered_decode="factored"))
     for gamma in (3, 7):
         for replayssm in (False, True):
             commit = "replayssm" if replayssm else "snapshot"
