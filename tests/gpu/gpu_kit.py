@@ -52,6 +52,8 @@ MODELS = ["tiny"] if ON_CPU else os.environ.get("DSPARK_GPU_E2E_MODELS", "kimi32
 # Tensor parallelism of every server (TP=2: 16 KDA heads per rank on kimi32; needs 2 GPUs, and
 # then PARALLEL servers share them).
 TP_SIZE = int(os.environ.get("DSPARK_GPU_E2E_TP", "1"))
+# Only these configurations (comma list of Served.name; unset = all): a focused device call
+ONLY_CONFIGS = set(filter(None, os.environ.get("DSPARK_GPU_E2E_CONFIGS", "").split(",")))
 
 GRAPH_CAPTURED_MARK = "CUDA graph end"  # SGLang's log line after a graph capture
 
@@ -182,8 +184,15 @@ def configs(model: str) -> List[Served]:
         out.append(Served(model, "dspark-g3-replayssm-eager-prefill-graph", "dspark", 3, True, prefill_graph=True))
         out.append(Served(model, "dspark-g3-replayssm-prefill-graph", "dspark", 3, True, lazy_records="1",
                           prefill_graph=True))
+        # the same prefill graph without the plugin: does SGLang's own prefill graph serve what its
+        # eager prefill serves (no speculation; and with DSPARK + ReplaySSM, SGLang's KDA kernels)?
+        out.append(Served(model, "stock-prefill-graph", "stock", prefill_graph=True))
+        out.append(Served(model, "stock-g3-replayssm-prefill-graph", "stock", 3, True, prefill_graph=True))
+        out.append(Served(model, "dspark-decode-prefill-graph", "dspark", prefill_graph=True))
     if ON_CPU:  # dry run: one speculative configuration is enough
         out = out[:2] + out[3:4]
+    if ONLY_CONFIGS:  # a subset (DSPARK_GPU_E2E_CONFIGS); the stock baseline always runs
+        out = [s for s in out if s.name == "stock" or s.name in ONLY_CONFIGS]
     return out
 
 
