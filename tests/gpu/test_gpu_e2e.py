@@ -61,9 +61,9 @@ def test_server_served_with_cuda_graphs(fleet, served):
         assert_not_served_by_plugin(run.log)
 
 
-@pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)
-def test_lossless_against_stock_sglang(fleet, served):
-    run, base = _run(fleet, served), _baseline(fleet, served)
+def _differences(run, base):
+    """``(near_ties, wrong)`` of a run's wave64 and wave5 outputs against the stock baseline's:
+    prompts with only near-tie flips, and ``(wave, prompt, divergence)`` of the others."""
     expected = {row["prompt"]: row for row in base.results["wave64"]}
     near_ties, wrong = set(), []
     for wave in ("wave64", "wave5"):
@@ -75,6 +75,29 @@ def test_lossless_against_stock_sglang(fleet, served):
                 near_ties.add(row["prompt"])
             else:
                 wrong.append((wave, row["prompt"], diff))
+    return near_ties, wrong
+
+
+def _stock_prefill_graph_verdict(fleet, served, base):
+    """A prefill-graph configuration is judged only where stock SGLang with the same prefill graph
+    serves what its eager prefill serves: skip when that run is missing, xfail when it differs."""
+    _, runs = fleet
+    stock = runs.get(f"{served.model}-stock-prefill-graph")
+    if stock is None:
+        pytest.skip("serve stock-prefill-graph too (DSPARK_GPU_E2E_CONFIGS): is SGLang's own prefill graph lossless?")
+    assert not stock.error, f"stock-prefill-graph failed: {stock.error}"
+    _, wrong = _differences(stock, base)
+    if wrong:
+        pytest.xfail(f"stock SGLang with the same prefill graph differs from its eager prefill in {len(wrong)} "
+                     "outputs (sgl-project/sglang#37606; RIG_BCG_STRONG_REFS=1 applies its fix on the rig)")
+
+
+@pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)
+def test_lossless_against_stock_sglang(fleet, served):
+    run, base = _run(fleet, served), _baseline(fleet, served)
+    if served.prefill_graph:
+        _stock_prefill_graph_verdict(fleet, served, base)
+    near_ties, wrong = _differences(run, base)
     assert not wrong, f"{len(wrong)} outputs differ from stock SGLang; first: {wrong[0]}"
     assert len(near_ties) <= MAX_NEAR_TIE_PROMPTS, f"near-tie flips in prompts {sorted(near_ties)}"
     stock_api = {row["prompt"]: row for row in base.results["openai"]}
