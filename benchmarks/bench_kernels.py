@@ -749,8 +749,9 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
             ring_steps = range(2 * DECODE_RING)
             # the default launch, and the factored step (no state formed between flushes; 2026-12-04)
             # at its default launch and the other spill-free tiles of benchmarks/sass_report.py
-            for cfg in ({}, {"impl": "factored"}, {"impl": "factored", "block_v": 16, "num_warps": 4},
-                        {"impl": "factored", "block_v": 32, "num_warps": 16}):
+            for cfg in ({}, {"impl": "factored"}, {"impl": "factored", "block_v": 16, "num_warps": 1},
+                        {"impl": "factored", "block_v": 32, "num_warps": 2},
+                        {"impl": "factored", "block_v": 16, "num_warps": 4}):
                 name = "decode_buffered_factored" if cfg.get("impl") == "factored" else "decode_buffered"
                 out.append(("decode_buffered", "ours", cfg or None,
                             [lambda i=i, s_=s_, c=cfg: ours_buffered_decode(i, pool, s_, c)

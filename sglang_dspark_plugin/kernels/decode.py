@@ -25,7 +25,9 @@ times two vectors (after this token's decay ``e^g``), ``S x = S0 (e^G o x) + D^T
 
     u = beta (v - S (e^g o k)),   o = S (e^g o q) + u (k . q)
 
-(the state after the step is ``S o e^g + u k^T``). A flushing step forms the state as above.
+(the state after the step is ``S o e^g + u k^T``). A flushing step forms the state in a second
+pass, adding the ring rows as rank-1 terms. Both walk the ring one row at a time, so no
+``[LP, K]`` tile or ``tl.dot`` operand stays live and the step fits plain decode's tiles.
 """
 
 from __future__ import annotations
@@ -54,6 +56,38 @@ def _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows):
     G = tl.sum(ring_g, axis=0)
     carried_k = tl.where(rows[:, None], ring_k * tl.exp(G[None, :] - tl.cumsum(ring_g, axis=0)), 0.0)
     return carried_k, tl.exp(G)
+
+
+@triton.jit
+def _ring_key_products(rk_base, rg_base, s_rk_l, s_rg_l, w, offs_l, offs_k, k_dec, q_dec, LP: tl.constexpr):
+    """The factored step's ring terms, one row at a time (no ``[LP, K]`` tile stays live): for ring
+    rows ``j = w-1 .. 0``, the carried key ``kc_j = k_j o exp(G_w - G_{j+1})`` dotted with ``k_dec``
+    and ``q_dec`` (``[LP]`` each, 0 at rows ``>= w``), and the checkpoint's decay ``exp(G_w)`` ``[K]``.
+    Walking backwards keeps the exponent a sum of the rows after ``j`` (never an ``exp(-G)``)."""
+    after = tl.zeros([128], dtype=tl.float32)  # sum of g over rows j+1 .. w-1
+    k_rows = tl.zeros([LP], dtype=tl.float32)
+    q_rows = tl.zeros([LP], dtype=tl.float32)
+    for i in range(w):
+        j = w - 1 - i
+        kc = tl.load(rk_base + j * s_rk_l + offs_k) * tl.exp(after)
+        k_rows = tl.where(offs_l == j, tl.sum(kc * k_dec), k_rows)
+        q_rows = tl.where(offs_l == j, tl.sum(kc * q_dec), q_rows)
+        after += tl.load(rg_base + j * s_rg_l + offs_k)
+    return k_rows, q_rows, tl.exp(after)
+
+
+@triton.jit
+def _flushed_tile(S0, checkpoint_decay, rd_base, rk_base, rg_base, s_rd_l, s_rk_l, s_rg_l, w, offs_v, offs_k):
+    """The state tile before this token's decay, ``[BV, K]``, from the checkpoint tile and ring rows
+    ``j < w`` added one rank-1 term at a time (the factored flush: no ``tl.dot`` operands live)."""
+    S = S0 * checkpoint_decay[None, :]
+    after = tl.zeros([128], dtype=tl.float32)
+    for i in range(w):
+        j = w - 1 - i
+        kc = tl.load(rk_base + j * s_rk_l + offs_k) * tl.exp(after)
+        S += tl.load(rd_base + j * s_rd_l + offs_v)[:, None] * kc[None, :]
+        after += tl.load(rg_base + j * s_rg_l + offs_k)
+    return S
 
 
 @triton.jit
@@ -132,16 +166,17 @@ def _decode_kernel(
             rd_base = rd_ptr + slot * s_rd_slot + h64 * s_rd_h
             rk_base = rk_ptr + slot * s_rk_slot + h64 * s_rk_h
             rg_base = rg_ptr + slot * s_rg_slot + h64 * s_rg_h
-            carried_k, checkpoint_decay = _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows)
             step_decay = tl.exp(g)
             if FACTORED:  # S x = S0 (e^G o x) + D^T (Kc x) for x = e^g o k and e^g o q
                 k_dec = kn * step_decay
                 q_dec = qn * step_decay
+                k_rows, q_rows, checkpoint_decay = _ring_key_products(
+                    rk_base, rg_base, s_rk_l, s_rg_l, w, offs_l, offs_k, k_dec, q_dec, LP)
                 k_ckpt = k_dec * checkpoint_decay
                 q_ckpt = q_dec * checkpoint_decay
-                k_rows = tl.sum(carried_k * k_dec[None, :], axis=1)  # [LP]: Kc (e^g o k)
-                q_rows = tl.sum(carried_k * q_dec[None, :], axis=1)
                 kq = tl.sum(kn * qn)
+            else:
+                carried_k, checkpoint_decay = _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows)
         for iv in range(NV):
             offs_v = iv * BV + tl.arange(0, BV)
             ch_v = 2 * H * KD + h * KD + offs_v
@@ -179,13 +214,12 @@ def _decode_kernel(
             tl.store(o_base + offs_v, _round_act(o, ACT_BF16).to(out_ty))
         if BUFFERED and FACTORED:
             if flush:  # form the state once, in a second pass over the (cached) tiles
-                carried_k, checkpoint_decay = _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows)
                 tl.debug_barrier()  # u of every V-tile stored above before it is read back
                 for iv in range(NV):
                     offs_v = iv * BV + tl.arange(0, BV)
                     s_ptrs = s_base + offs_v[:, None] * KD + offs_k[None, :]
-                    d = tl.load(rd_base + offs_l[:, None] * s_rd_l + offs_v[None, :], mask=rows[:, None], other=0.0)
-                    S = _ring_state(tl.load(s_ptrs), d, carried_k, checkpoint_decay, step_decay, DOT_PREC)
+                    S = _flushed_tile(tl.load(s_ptrs), checkpoint_decay, rd_base, rk_base, rg_base,
+                                      s_rd_l, s_rk_l, s_rg_l, w, offs_v, offs_k) * step_decay[None, :]
                     u = tl.load(rd_base + w * s_rd_l + offs_v)
                     tl.store(s_ptrs, tl.fma(u[:, None], kn[None, :], S))
         if BUFFERED:

@@ -102,11 +102,13 @@ def decode(H: int, N: int, buffered: bool = False, factored: bool = False) -> di
     those tried that compiles for sm_90 without spills (the ring's 16 x 128 carried keys and the
     ``tl.dot`` operands stay live across the V loop; 1 warp spills 976 B, 128 rows 456 B:
     ``benchmarks/sass_report.py decode --buffered``). The factored buffered step (``impl="factored"``)
-    has its own tile."""
+    keeps no ring tile live (its ring terms go one row at a time), so it takes plain decode's shapes:
+    the whole tile with 8 warps (240 registers; 4 warps spill) while N*H <= 1024, 32-row tiles with
+    1 warp above (215 registers, no spills, 128 B shared; sm_90). Not yet timed on the H200."""
     if interpreting():
         return dict(block_v=32, num_warps=4)
-    if buffered and factored:  # untimed: 32 rows with 8 warps compile for sm_90 at 128 registers, no spills
-        return dict(block_v=32, num_warps=8)
+    if buffered and factored:
+        return dict(block_v=128, num_warps=8) if _programs(N, H) <= 1024 else dict(block_v=32, num_warps=1)
     if buffered:
         return dict(block_v=32, num_warps=4)
     if _programs(N, H) <= 1024:

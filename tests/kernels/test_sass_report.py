@@ -54,10 +54,11 @@ def _loads_after_first_store(*args):
     ("decode", "--block-v", "128", "--warps", "4"),
     ("decode", "--block-v", "32", "--warps", "1"),
     ("decode", "--buffered", "--block-v", "32", "--warps", "4"),
-    ("decode", "--buffered", "--factored", "--block-v", "32", "--warps", "8"),
+    ("decode", "--buffered", "--factored", "--block-v", "128", "--warps", "8"),
+    ("decode", "--buffered", "--factored", "--block-v", "32", "--warps", "1"),
 ], ids=["prep", "stream", "stream-finished", "finish", "fold", "lazy-prep", "lazy-stream", "lazy-stream-finished",
         "lazy-finish", "materialize", "commit", "decode-small-batch", "decode", "decode-buffered",
-        "decode-buffered-factored"])
+        "decode-buffered-factored-small-batch", "decode-buffered-factored"])
 def test_table_configs_compile_without_spills(args):
     regs, stack, sass = _report(*args)
     assert 0 < regs <= 255 and sass > 100
