@@ -39,11 +39,11 @@ fi
 # SGLang's Rust radix TreeCore is built for the pinned torch 2.14; on the rig's torch 2.11 it
 # panics inserting a prefix checkpoint ("Unsupported TypeMeta"): use SGLang's Python TreeCore.
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=${SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND:-python}
-# SGLang 0.5.23's breakable prefill graph keeps its break inputs as weak references; the allocator
-# hands their blocks to later-captured buckets and replays read wrong values (sgl-project/sglang#37606:
-# wrong greedy tokens on KDA models, stock SGLang included; docs/gpu-serving.md). RIG_BCG_STRONG_REFS=1
+# SGLang 0.5.23's breakable prefill graph keeps its break inputs as weak references, whose blocks
+# the allocator hands to later-captured buckets (sgl-project/sglang#37606). RIG_BCG_STRONG_REFS=1
 # applies the fix of sgl-project/sglang#37448 (strong references) to this machine's copy of SGLang:
-# a test rig change, never the product's.
+# a test rig change, never the product's. On KDA models the graph still gave wrong greedy tokens
+# with it, stock SGLang included (docs/gpu-serving.md, twenty-second session).
 if [ "${RIG_BCG_STRONG_REFS:-0}" = 1 ]; then
   bcg=$(python3 -c "import sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph as m; print(m.__file__)") || exit 1
   sed -i -e 's/captured_args = tuple(_weak_ref_if_tensor(a) for a in args)/captured_args = tuple(args)/' \

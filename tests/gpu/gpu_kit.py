@@ -180,8 +180,8 @@ def configs(model: str) -> List[Served]:
         # 8-token windows on the lazy ring (off by default until they are shown faster)
         out.append(Served(model, "dspark-g7-replayssm-lazy-all-static", "dspark", 7, True, lazy_records="all"))
         # Prefills through SGLang's breakable prefill graph, served only when DSPARK_GPU_E2E_CONFIGS
-        # names them: SGLang 0.5.23's graph replays wrong values on these models without the plugin
-        # too (sgl-project/sglang#37606; RIG_BCG_STRONG_REFS=1 applies its fix on the rig). Stock
+        # names them: SGLang 0.5.23's graph gives wrong greedy tokens on these models without the
+        # plugin too, also with RIG_BCG_STRONG_REFS=1 (docs/gpu-serving.md, 2026-12-04). Stock
         # with the same graph is the yardstick: with and without DSPARK + ReplaySSM (SGLang's KDA
         # kernels); ours: decode, fold every commit, the lazy ring (its cursor reset runs in the
         # graph's refresh hook).

@@ -89,7 +89,7 @@ def _stock_prefill_graph_verdict(fleet, served, base):
     _, wrong = _differences(stock, base)
     if wrong:
         pytest.xfail(f"stock SGLang with the same prefill graph differs from its eager prefill in {len(wrong)} "
-                     "outputs (sgl-project/sglang#37606; RIG_BCG_STRONG_REFS=1 applies its fix on the rig)")
+                     "outputs: SGLang's prefill graph is not lossless here (docs/gpu-serving.md)")
 
 
 @pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)
