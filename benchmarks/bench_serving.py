@@ -111,7 +111,9 @@ CONFIGS = [
     Config("stock-ring", "stock", False, decode_ring=True),
     Config("dspark-ring", "dspark", False, decode_ring=True),
     # SGLang's breakable prefill CUDA graph, which it leaves off for KDA models unless asked for:
-    # eager prefill forwards left about half of the served step's GPU idle at c=64 (docs/gpu-serving.md)
+    # eager prefill forwards left about half of the served step's GPU idle at c=64. Timings only:
+    # on SGLang 0.5.23 the graph gives wrong greedy tokens on KDA models, stock included
+    # (docs/gpu-serving.md, twenty-second session)
     Config("stock-dspark-replayssm-prefill-graph", "stock", True, True, default=False,
            server_args=PREFILL_GRAPH_ARGS),
     Config("dspark-dspark-replayssm-eager-prefill-graph", "dspark", True, True, default=False,

@@ -138,6 +138,7 @@ def _merge_flags(base: List[str], extra: Sequence[str]) -> List[str]:
 # SGLang's breakable prefill CUDA graph up to 512 tokens (8 prompts of 64; the served admissions
 # are a few prompts). SGLang leaves it off for KDA models unless asked for; eager prefill forwards
 # left about half of the served step's GPU idle at c=64 (docs/gpu-serving.md, twenty-first session).
+# On SGLang 0.5.23 it gives wrong greedy tokens on KDA models, stock included (twenty-second session).
 PREFILL_GRAPH_ARGS = ("--cuda-graph-backend-prefill", "breakable", "--cuda-graph-max-bs-prefill", "512")
 
 
