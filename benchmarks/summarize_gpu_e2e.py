@@ -1,0 +1,84 @@
+"""Summarise a GPU e2e call (``benchmarks/gpu_rig.sh e2e``) for ``benchmarks/results``.
+
+Reads the log folder the call brings back (``gpu-e2e-logs.tgz`` unpacked: ``fleet.json``,
+``prompts-<model>.json``) and prints one JSON object per model: for every configuration the
+sequences equal to the ``stock`` baseline, each differing one (wave, prompt, first position,
+stock's top-2 gap there), the OpenAI completions equal to stock's, and how many sequences follow
+the float64 reference (the prompts' ``reference`` continuation)::
+
+    python3 benchmarks/summarize_gpu_e2e.py /tmp/s22/e2e/gpu-e2e --command "..." --pytest "..."
+
+The counts are recomputed from the served tokens, so the summary does not depend on how the
+tests judged them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Optional
+
+WAVES = ("wave64", "wave5")
+
+
+def first_difference(got: list, want: list) -> Optional[int]:
+    """Index of the first differing token (the shorter length when one is a prefix), None if equal."""
+    if got == want:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+
+
+def summarize_model(runs: dict, model: str, reference: list) -> dict:
+    """``{config id: summary}`` of one model's runs (``fleet.json``'s ``runs``)."""
+    base = runs[f"{model}-stock"]["results"]
+    stock = {row["prompt"]: row for row in base["wave64"]}
+    stock_api = {row["prompt"]: row for row in base["openai"]}
+    out = {}
+    for sid, run in sorted(runs.items()):
+        if not sid.startswith(f"{model}-"):
+            continue
+        res = run["results"] or {}
+        entry = {"config": run["config"], "error": run["error"], "startup_s": run["startup_s"],
+                 "workload_s": run["workload_s"]}
+        rows = [(wave, row) for wave in WAVES for row in res.get(wave, [])]
+        entry["follow_float64_reference"] = {
+            wave: f"{sum(r['output_ids'] == reference[r['prompt']] for r in res.get(wave, []))}/{len(res.get(wave, []))}"
+            for wave in WAVES}
+        if sid != f"{model}-stock":
+            differing = []
+            for wave, row in rows:
+                want = stock[row["prompt"]]
+                pos = first_difference(row["output_ids"], want["output_ids"])
+                if pos is None:
+                    continue
+                top2 = want.get("top2") or []
+                gap = round(top2[pos][0][0] - top2[pos][1][0], 3) if pos < len(top2) and len(top2[pos]) == 2 else None
+                differing.append({"wave": wave, "prompt": row["prompt"], "first_position": pos, "stock_top2_gap": gap})
+            entry.update(token_requests=len(rows), token_equal_to_stock=len(rows) - len(differing),
+                         openai_requests=len(res.get("openai", [])),
+                         openai_equal_to_stock=sum(r == stock_api[r["prompt"]] for r in res.get("openai", [])),
+                         differing=differing)
+        out[sid] = entry
+    return out
+
+
+def summarize(log_dir: Path) -> dict:
+    fleet = json.loads((log_dir / "fleet.json").read_text())
+    models = sorted({sid.rsplit("-stock", 1)[0] for sid in fleet["runs"] if sid.endswith("-stock")})
+    return {model: summarize_model(fleet["runs"], model,
+                                   json.loads((log_dir / f"prompts-{model}.json").read_text())["reference"])
+            for model in models}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("log_dir", type=Path, help="the unpacked gpu-e2e folder (fleet.json, prompts-*.json)")
+    ap.add_argument("--command", default="", help="the device command, recorded with the summary")
+    ap.add_argument("--pytest", default="", help="pytest's summary line, recorded with the summary")
+    a = ap.parse_args()
+    print(json.dumps({"command": a.command, "pytest": a.pytest, "models": summarize(a.log_dir)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

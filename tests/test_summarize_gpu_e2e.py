@@ -1,0 +1,40 @@
+"""benchmarks/summarize_gpu_e2e.py on a hand-built e2e log folder: equal counts, the differing
+sequences with their first position and stock's top-2 gap, and agreement with the reference."""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from summarize_gpu_e2e import first_difference, summarize  # noqa: E402
+
+
+def _run(waves, openai, config=None):
+    results = {"wave64": [dict(prompt=i, output_ids=o, **extra) for i, o, extra in waves], "openai": openai}
+    results["wave5"] = results["wave64"][:1]
+    return {"config": config or {}, "error": "", "startup_s": 1.0, "workload_s": 2.0, "results": results}
+
+
+def test_summary_of_a_hand_built_fleet(tmp_path):
+    top2 = [[[-0.1, 7], [-0.6, 8]]] * 3  # stock's gap 0.5 at every position
+    stock = _run([(0, [7, 7, 7], {"top2": top2}), (1, [5, 5, 5], {"top2": top2})], [{"prompt": 0, "text": "a"}])
+    ours = _run([(0, [7, 8, 9], {}), (1, [5, 5, 5], {})], [{"prompt": 0, "text": "b"}])
+    fleet = {"runs": {"m-stock": stock, "m-ours": ours}}
+    (tmp_path / "fleet.json").write_text(json.dumps(fleet))
+    (tmp_path / "prompts-m.json").write_text(json.dumps({"reference": [[7, 7, 7], [5, 5, 6]]}))
+    summary = summarize(tmp_path)["m"]
+    got = summary["m-ours"]
+    # prompt 0 differs in both waves (wave5 repeats it), prompt 1 is equal
+    assert got["token_requests"] == 3 and got["token_equal_to_stock"] == 1
+    assert got["differing"] == [{"wave": "wave64", "prompt": 0, "first_position": 1, "stock_top2_gap": 0.5},
+                                {"wave": "wave5", "prompt": 0, "first_position": 1, "stock_top2_gap": 0.5}]
+    assert got["openai_equal_to_stock"] == 0
+    assert got["follow_float64_reference"] == {"wave64": "0/2", "wave5": "0/1"}
+    assert summary["m-stock"]["follow_float64_reference"] == {"wave64": "1/2", "wave5": "1/1"}
+
+
+def test_first_difference():
+    assert first_difference([1, 2], [1, 2]) is None
+    assert first_difference([1, 3], [1, 2]) == 1
+    assert first_difference([1], [1, 2]) == 1
