@@ -26,8 +26,8 @@ times two vectors (after this token's decay ``e^g``), ``S x = S0 (e^G o x) + D^T
     u = beta (v - S (e^g o k)),   o = S (e^g o q) + u (k . q)
 
 (the state after the step is ``S o e^g + u k^T``). A flushing step forms the state in a second
-pass, adding the ring rows as rank-1 terms. Both walk the ring one row at a time, so no
-``[LP, K]`` tile or ``tl.dot`` operand stays live and the step fits plain decode's tiles.
+pass, adding the ring rows as rank-1 terms one row at a time. The ring tiles of the two products
+die before the V loop and no ``tl.dot`` operand exists, so the step fits plain decode's tiles.
 """
 
 from __future__ import annotations
@@ -59,21 +59,14 @@ def _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows):
 
 
 @triton.jit
-def _ring_key_products(rk_base, rg_base, s_rk_l, s_rg_l, w, offs_l, offs_k, k_dec, q_dec, LP: tl.constexpr):
-    """The factored step's ring terms, one row at a time (no ``[LP, K]`` tile stays live): for ring
-    rows ``j = w-1 .. 0``, the carried key ``kc_j = k_j o exp(G_w - G_{j+1})`` dotted with ``k_dec``
-    and ``q_dec`` (``[LP]`` each, 0 at rows ``>= w``), and the checkpoint's decay ``exp(G_w)`` ``[K]``.
-    Walking backwards keeps the exponent a sum of the rows after ``j`` (never an ``exp(-G)``)."""
-    after = tl.zeros([128], dtype=tl.float32)  # sum of g over rows j+1 .. w-1
-    k_rows = tl.zeros([LP], dtype=tl.float32)
-    q_rows = tl.zeros([LP], dtype=tl.float32)
-    for i in range(w):
-        j = w - 1 - i
-        kc = tl.load(rk_base + j * s_rk_l + offs_k) * tl.exp(after)
-        k_rows = tl.where(offs_l == j, tl.sum(kc * k_dec), k_rows)
-        q_rows = tl.where(offs_l == j, tl.sum(kc * q_dec), q_rows)
-        after += tl.load(rg_base + j * s_rg_l + offs_k)
-    return k_rows, q_rows, tl.exp(after)
+def _ring_key_products(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows, k_dec, q_dec):
+    """The factored step's ring terms: ring rows ``j < w`` (``rows``) loaded at once, each row's
+    key carried to this token ``kc_j = k_j o exp(G_w - G_{j+1})`` dotted with ``k_dec`` and
+    ``q_dec`` (``[LP]`` each, 0 at rows ``>= w``), and the checkpoint's decay ``exp(G_w)`` ``[K]``.
+    The tiles die here: nothing of them stays live across the V loop."""
+    carried_k, checkpoint_decay = _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows)
+    return (tl.sum(carried_k * k_dec[None, :], axis=1), tl.sum(carried_k * q_dec[None, :], axis=1),
+            checkpoint_decay)
 
 
 @triton.jit
@@ -171,7 +164,7 @@ def _decode_kernel(
                 k_dec = kn * step_decay
                 q_dec = qn * step_decay
                 k_rows, q_rows, checkpoint_decay = _ring_key_products(
-                    rk_base, rg_base, s_rk_l, s_rg_l, w, offs_l, offs_k, k_dec, q_dec, LP)
+                    rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows, k_dec, q_dec)
                 k_ckpt = k_dec * checkpoint_decay
                 q_ckpt = q_dec * checkpoint_decay
                 kq = tl.sum(kn * qn)

@@ -102,9 +102,9 @@ def decode(H: int, N: int, buffered: bool = False, factored: bool = False) -> di
     those tried that compiles for sm_90 without spills (the ring's 16 x 128 carried keys and the
     ``tl.dot`` operands stay live across the V loop; 1 warp spills 976 B, 128 rows 456 B:
     ``benchmarks/sass_report.py decode --buffered``). The factored buffered step (``impl="factored"``)
-    keeps no ring tile live (its ring terms go one row at a time), so it takes plain decode's shapes:
-    the whole tile with 8 warps (240 registers; 4 warps spill) while N*H <= 1024, 32-row tiles with
-    1 warp above (215 registers, no spills, 128 B shared; sm_90). Not yet timed on the H200."""
+    keeps no ring tile live across the V loop and has no ``tl.dot``, so it takes plain decode's
+    shapes: the whole tile with 8 warps (175 registers) while N*H <= 1024, 32-row tiles with 1 warp
+    above (217 registers, 128 B shared; sm_90, no spills). Not yet timed on the H200."""
     if interpreting():
         return dict(block_v=32, num_warps=4)
     if buffered and factored:
