@@ -42,9 +42,8 @@ def summarize_model(runs: dict, model: str, reference: list) -> dict:
         entry = {"config": run["config"], "error": run["error"], "startup_s": run["startup_s"],
                  "workload_s": run["workload_s"]}
         rows = [(wave, row) for wave in WAVES for row in res.get(wave, [])]
-        entry["follow_float64_reference"] = {
-            wave: f"{sum(r['output_ids'] == reference[r['prompt']] for r in res.get(wave, []))}/{len(res.get(wave, []))}"
-            for wave in WAVES}
+        follow = {wave: [r["output_ids"] == reference[r["prompt"]] for r in res.get(wave, [])] for wave in WAVES}
+        entry["follow_float64_reference"] = {wave: f"{sum(ok)}/{len(ok)}" for wave, ok in follow.items()}
         if sid != f"{model}-stock":
             differing = []
             for wave, row in rows:
