@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+from gpu_kit import divergence  # noqa: E402  (the e2e test's own comparison with the baseline)
 
 WAVES = ("wave64", "wave5")
-
-
-def first_difference(got: list, want: list) -> Optional[int]:
-    """Index of the first differing token (the shorter length when one is a prefix), None if equal."""
-    if got == want:
-        return None
-    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
 
 
 def summarize_model(runs: dict, model: str, reference: list) -> dict:
@@ -47,13 +43,12 @@ def summarize_model(runs: dict, model: str, reference: list) -> dict:
         if sid != f"{model}-stock":
             differing = []
             for wave, row in rows:
-                want = stock[row["prompt"]]
-                pos = first_difference(row["output_ids"], want["output_ids"])
-                if pos is None:
+                diff = divergence(row["output_ids"], stock[row["prompt"]])
+                if diff is None:
                     continue
-                top2 = want.get("top2") or []
-                gap = round(top2[pos][0][0] - top2[pos][1][0], 3) if pos < len(top2) and len(top2[pos]) == 2 else None
-                differing.append({"wave": wave, "prompt": row["prompt"], "first_position": pos, "stock_top2_gap": gap})
+                gap = diff.get("baseline_gap")
+                differing.append({"wave": wave, "prompt": row["prompt"], "first_position": diff["position"],
+                                  "stock_top2_gap": None if gap is None else round(gap, 3)})
             entry.update(token_requests=len(rows), token_equal_to_stock=len(rows) - len(differing),
                          openai_requests=len(res.get("openai", [])),
                          openai_equal_to_stock=sum(r == stock_api[r["prompt"]] for r in res.get("openai", [])),

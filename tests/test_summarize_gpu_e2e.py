@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from summarize_gpu_e2e import first_difference, summarize  # noqa: E402
+from summarize_gpu_e2e import summarize  # noqa: E402
 
 
 def _run(waves, openai, config=None):
@@ -34,7 +34,10 @@ def test_summary_of_a_hand_built_fleet(tmp_path):
     assert summary["m-stock"]["follow_float64_reference"] == {"wave64": "1/2", "wave5": "1/1"}
 
 
-def test_first_difference():
-    assert first_difference([1, 2], [1, 2]) is None
-    assert first_difference([1, 3], [1, 2]) == 1
-    assert first_difference([1], [1, 2]) == 1
+def test_first_difference_position():
+    """The position the summary records comes from gpu_kit.divergence (the e2e test's comparison)."""
+    from gpu_kit import divergence
+
+    assert divergence([1, 2], {"output_ids": [1, 2]}) is None
+    assert divergence([1, 3], {"output_ids": [1, 2]})["position"] == 1
+    assert divergence([1], {"output_ids": [1, 2]})["position"] == 1
