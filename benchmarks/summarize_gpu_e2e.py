@@ -4,7 +4,8 @@ Reads the log folder the call brings back (``gpu-e2e-logs.tgz`` unpacked: ``flee
 ``prompts-<model>.json``) and prints one JSON object per model: for every configuration the
 sequences equal to the ``stock`` baseline, each differing one (wave, prompt, first position,
 stock's top-2 gap there), the OpenAI completions equal to stock's, and how many sequences follow
-the float64 reference (the prompts' ``reference`` continuation)::
+the float64 reference (the prompts' ``reference`` continuation); a tensor-parallel call also
+counts each configuration's sequences equal to stock at TP=1::
 
     python3 benchmarks/summarize_gpu_e2e.py /tmp/s22/e2e/gpu-e2e --command "..." --pytest "..."
 
@@ -20,16 +21,36 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
-from gpu_kit import divergence  # noqa: E402  (the e2e test's own comparison with the baseline)
+from gpu_kit import STOCK_TP1, divergence  # noqa: E402  (the e2e test's own comparison with the baseline)
 
 WAVES = ("wave64", "wave5")
 
 
+def _differing(rows: list, baseline: dict) -> list:
+    """Each ``(wave, row)`` whose tokens differ from the baseline's wave64 row of its prompt."""
+    expected = {row["prompt"]: row for row in baseline["wave64"]}
+    out = []
+    for wave, row in rows:
+        diff = divergence(row["output_ids"], expected[row["prompt"]])
+        if diff is not None:
+            gap = diff.get("baseline_gap")
+            out.append({"wave": wave, "prompt": row["prompt"], "first_position": diff["position"],
+                        "stock_top2_gap": None if gap is None else round(gap, 3)})
+    return out
+
+
+def _openai_equal(res: dict, baseline: dict) -> int:
+    expected = {row["prompt"]: row for row in baseline["openai"]}
+    return sum(r == expected[r["prompt"]] for r in res.get("openai", []))
+
+
 def summarize_model(runs: dict, model: str, reference: list) -> dict:
-    """``{config id: summary}`` of one model's runs (``fleet.json``'s ``runs``)."""
+    """``{config id: summary}`` of one model's runs (``fleet.json``'s ``runs``). A tensor-parallel
+    fleet (``DSPARK_GPU_E2E_TP``) also has stock at TP=1, ``stock-tp1``: every other run is then
+    counted against it too (``token_equal_to_stock_tp1``)."""
     base = runs[f"{model}-stock"]["results"]
-    stock = {row["prompt"]: row for row in base["wave64"]}
-    stock_api = {row["prompt"]: row for row in base["openai"]}
+    tp1_id = f"{model}-{STOCK_TP1}"
+    tp1 = runs[tp1_id]["results"] if tp1_id in runs else None
     out = {}
     for sid, run in sorted(runs.items()):
         if not sid.startswith(f"{model}-"):
@@ -41,18 +62,13 @@ def summarize_model(runs: dict, model: str, reference: list) -> dict:
         follow = {wave: [r["output_ids"] == reference[r["prompt"]] for r in res.get(wave, [])] for wave in WAVES}
         entry["follow_float64_reference"] = {wave: f"{sum(ok)}/{len(ok)}" for wave, ok in follow.items()}
         if sid != f"{model}-stock":
-            differing = []
-            for wave, row in rows:
-                diff = divergence(row["output_ids"], stock[row["prompt"]])
-                if diff is None:
-                    continue
-                gap = diff.get("baseline_gap")
-                differing.append({"wave": wave, "prompt": row["prompt"], "first_position": diff["position"],
-                                  "stock_top2_gap": None if gap is None else round(gap, 3)})
+            differing = _differing(rows, base)
             entry.update(token_requests=len(rows), token_equal_to_stock=len(rows) - len(differing),
                          openai_requests=len(res.get("openai", [])),
-                         openai_equal_to_stock=sum(r == stock_api[r["prompt"]] for r in res.get("openai", [])),
-                         differing=differing)
+                         openai_equal_to_stock=_openai_equal(res, base), differing=differing)
+            if tp1 is not None and sid != tp1_id:
+                entry.update(token_equal_to_stock_tp1=len(rows) - len(_differing(rows, tp1)),
+                             openai_equal_to_stock_tp1=_openai_equal(res, tp1))
         out[sid] = entry
     return out
 

@@ -34,6 +34,26 @@ def test_summary_of_a_hand_built_fleet(tmp_path):
     assert summary["m-stock"]["follow_float64_reference"] == {"wave64": "1/2", "wave5": "1/1"}
 
 
+def test_tensor_parallel_fleet_is_also_counted_against_stock_at_tp1(tmp_path):
+    stock = _run([(0, [7, 7], {"top2": [[[-0.1, 7], [-0.6, 8]]] * 2})], [{"prompt": 0, "text": "a"}])
+    stock_tp1 = _run([(0, [7, 9], {"top2": [[[-0.1, 7], [-0.6, 9]]] * 2})], [{"prompt": 0, "text": "a"}])
+    ours = _run([(0, [7, 7], {})], [{"prompt": 0, "text": "a"}])
+    fleet = {"runs": {"m-stock": stock, "m-stock-tp1": stock_tp1, "m-ours": ours}}
+    (tmp_path / "fleet.json").write_text(json.dumps(fleet))
+    (tmp_path / "prompts-m.json").write_text(json.dumps({"reference": [[7, 7]]}))
+    summary = summarize(tmp_path)["m"]
+    assert summary["m-ours"]["token_equal_to_stock"] == 2 and summary["m-ours"]["token_equal_to_stock_tp1"] == 0
+    assert summary["m-ours"]["openai_equal_to_stock_tp1"] == 1
+    assert summary["m-stock-tp1"]["token_equal_to_stock"] == 0 and "token_equal_to_stock_tp1" not in summary["m-stock-tp1"]
+    assert "token_equal_to_stock_tp1" not in summarize_without_tp1(tmp_path, fleet)
+
+
+def summarize_without_tp1(tmp_path, fleet):
+    del fleet["runs"]["m-stock-tp1"]
+    (tmp_path / "fleet.json").write_text(json.dumps(fleet))
+    return summarize(tmp_path)["m"]["m-ours"]
+
+
 def test_first_difference_position():
     """The position the summary records comes from gpu_kit.divergence (the e2e test's comparison)."""
     from gpu_kit import divergence

@@ -50,8 +50,10 @@ PARALLEL = int(os.environ.get("DSPARK_GPU_E2E_PARALLEL", "1" if ON_CPU else "10"
 LOG_DIR = Path(os.environ.get("DSPARK_GPU_E2E_LOG_DIR", "/tmp/dspark-gpu-e2e"))
 MODELS = ["tiny"] if ON_CPU else os.environ.get("DSPARK_GPU_E2E_MODELS", "kimi32,tiny").split(",")
 # Tensor parallelism of every server (TP=2: 16 KDA heads per rank on kimi32; needs 2 GPUs, and
-# then PARALLEL servers share them).
+# then PARALLEL servers share them). Above 1 the fleet also serves stock at TP=1 (``stock-tp1``):
+# the plugin is then judged against stock at both.
 TP_SIZE = int(os.environ.get("DSPARK_GPU_E2E_TP", "1"))
+STOCK_TP1 = "stock-tp1"
 # Only these configurations (comma list of Served.name; unset = all): a focused device call
 ONLY_CONFIGS = set(filter(None, os.environ.get("DSPARK_GPU_E2E_CONFIGS", "").split(",")))
 
@@ -86,6 +88,11 @@ class Served:
     lazy_records: Optional[str] = None
     prefill_graph: bool = False  # SGLang's breakable prefill CUDA graph (off for KDA models by default)
     buffered_decode: Optional[str] = None  # SGLANG_DSPARK_BUFFERED_DECODE; None = the default (rows)
+    tp: Optional[int] = None  # --tp-size; None = TP_SIZE
+
+    @property
+    def tp_size(self) -> int:
+        return self.tp or TP_SIZE
 
     @property
     def id(self) -> str:
@@ -117,8 +124,8 @@ class Served:
                 "--max-total-tokens", "65536",
                 "--sampling-backend", "pytorch",  # flashinfer's sampler JIT-compiles for minutes
             ]  # fmt: skip
-            if TP_SIZE > 1:
-                extra += ["--tp-size", str(TP_SIZE)]
+            if self.tp_size > 1:
+                extra += ["--tp-size", str(self.tp_size)]
             if self.prefill_graph:
                 extra += list(PREFILL_GRAPH_ARGS)
         backend = stock_backend() if self.backend == "stock" else "dspark"
@@ -132,6 +139,8 @@ class Served:
             env["SGLANG_DSPARK_LAZY_RECORDS"] = self.lazy_records
         if self.buffered_decode is not None:
             env["SGLANG_DSPARK_BUFFERED_DECODE"] = self.buffered_decode
+        if self.tp_size > 1:  # the fleet's servers share the GPUs: SGLang would refuse a rank
+            env["SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"] = "0"  # whose GPU has less free memory
         return env
 
     @property
@@ -157,6 +166,7 @@ class Served:
 def configs(model: str) -> List[Served]:
     out = [
         Served(model, "stock", "stock"),
+        *([Served(model, STOCK_TP1, "stock", tp=1)] if TP_SIZE > 1 else []),
         Served(model, "dspark-decode", "dspark"),
         Served(model, "dspark-decode-ring", "dspark", decode_ring=True),
     ]
@@ -194,9 +204,9 @@ def configs(model: str) -> List[Served]:
                    prefill_graph=True),
         ) if s.name in ONLY_CONFIGS]  # fmt: skip
     if ON_CPU:  # dry run: one speculative configuration is enough
-        out = out[:2] + out[3:4]
-    if ONLY_CONFIGS:  # a subset (DSPARK_GPU_E2E_CONFIGS); the stock baseline always runs
-        out = [s for s in out if s.name == "stock" or s.name in ONLY_CONFIGS]
+        out = [s for s in out if s.name in ("stock", "dspark-decode", "dspark-g3-snapshot-static")]
+    if ONLY_CONFIGS:  # a subset (DSPARK_GPU_E2E_CONFIGS); the stock baselines always run
+        out = [s for s in out if s.name in ("stock", STOCK_TP1) or s.name in ONLY_CONFIGS]
     return out
 
 

@@ -13,6 +13,10 @@ and compact verify, compact with real ragged windows):
   path, and ran the plugin's decode / verify / fold kernels (their first-use log lines); the stock
   server logged none of the plugin's lines (the plugin is inert unless selected).
 
+With ``DSPARK_GPU_E2E_TP=2`` every server runs at ``--tp-size 2`` (16 KDA heads per rank on
+kimi32) except ``stock-tp1``, stock at TP=1: the plugin's outputs must then equal stock's at TP=2
+and at TP=1, stock's two must agree, and every rank must have run each of the plugin's kernels.
+
 The only tolerated difference (reported, at most ``MAX_NEAR_TIE_PROMPTS`` prompts per
 configuration): a token where the baseline's own top-2 gap is below ``gpu_kit.NEAR_TIE`` and the
 plugin picked the baseline's runner-up. The prompts keep a float64 margin of ``MIN_MARGIN`` along
@@ -21,10 +25,12 @@ the reference continuation, so this only happens where stock bf16 itself left th
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from gpu_kit import GRAPH_CAPTURED_MARK, MODELS, ON_CPU, configs, divergence
-from served_log import assert_not_served_by_plugin, assert_served_by_plugin
+from gpu_kit import GRAPH_CAPTURED_MARK, MODELS, ON_CPU, STOCK_TP1, TP_SIZE, configs, divergence
+from served_log import KERNEL_MARK, assert_not_served_by_plugin, assert_served_by_plugin
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
 
@@ -104,6 +110,48 @@ def test_lossless_against_stock_sglang(fleet, served):
     for row in run.results["openai"]:
         if row["prompt"] not in near_ties:
             assert row == stock_api[row["prompt"]], row
+
+
+def _tp1_baseline(fleet, served):
+    _, runs = fleet
+    base = runs[f"{served.model}-{STOCK_TP1}"]
+    assert not base.error, f"stock at TP=1 failed: {base.error}"
+    return base
+
+
+needs_tp = pytest.mark.skipif(TP_SIZE == 1, reason="a tensor-parallel fleet only (DSPARK_GPU_E2E_TP=2)")
+
+
+@needs_tp
+@pytest.mark.parametrize("model", MODELS)
+def test_stock_at_tp_equals_stock_at_tp1(fleet, model):
+    """The yardstick: stock SGLang serves the same tokens at TP_SIZE as at TP=1 (a near-tie flip
+    of the TP=1 run's top-2 allowed), so "equal at TP=2" and "equal at TP=1" are both claims."""
+    served = next(s for s in configs(model) if s.name == "stock")
+    near_ties, wrong = _differences(_baseline(fleet, served), _tp1_baseline(fleet, served))
+    assert not wrong, f"{len(wrong)} outputs of stock at TP={TP_SIZE} differ from TP=1; first: {wrong[0]}"
+    assert len(near_ties) <= MAX_NEAR_TIE_PROMPTS, f"near-tie flips in prompts {sorted(near_ties)}"
+
+
+@needs_tp
+@pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)
+def test_lossless_against_stock_sglang_at_tp1(fleet, served):
+    run, base = _run(fleet, served), _tp1_baseline(fleet, served)
+    if served.prefill_graph:
+        pytest.skip("prefill-graph configurations are judged against stock on the same graph")
+    near_ties, wrong = _differences(run, base)
+    assert not wrong, f"{len(wrong)} outputs differ from stock SGLang at TP=1; first: {wrong[0]}"
+    assert len(near_ties) <= MAX_NEAR_TIE_PROMPTS, f"near-tie flips in prompts {sorted(near_ties)}"
+
+
+@needs_tp
+@pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)
+def test_every_rank_ran_the_plugin(fleet, served):
+    """Each rank logs a kernel's first use with its ``TP<rank>]`` prefix: none fell back alone."""
+    log = _run(fleet, served).log
+    for kernel in served.expected_kernels():
+        ranks = set(re.findall(r"\bTP(\d+)\] " + re.escape(KERNEL_MARK + kernel), log))
+        assert ranks == {str(r) for r in range(served.tp_size)}, (kernel, ranks)
 
 
 @pytest.mark.parametrize("served", SPECULATIVE, ids=lambda s: s.id)
