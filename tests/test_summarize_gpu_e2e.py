@@ -45,13 +45,9 @@ def test_tensor_parallel_fleet_is_also_counted_against_stock_at_tp1(tmp_path):
     assert summary["m-ours"]["token_equal_to_stock"] == 2 and summary["m-ours"]["token_equal_to_stock_tp1"] == 0
     assert summary["m-ours"]["openai_equal_to_stock_tp1"] == 1
     assert summary["m-stock-tp1"]["token_equal_to_stock"] == 0 and "token_equal_to_stock_tp1" not in summary["m-stock-tp1"]
-    assert "token_equal_to_stock_tp1" not in summarize_without_tp1(tmp_path, fleet)
-
-
-def summarize_without_tp1(tmp_path, fleet):
-    del fleet["runs"]["m-stock-tp1"]
+    del fleet["runs"]["m-stock-tp1"]  # a fleet without stock at TP=1 gets no TP=1 counts
     (tmp_path / "fleet.json").write_text(json.dumps(fleet))
-    return summarize(tmp_path)["m"]["m-ours"]
+    assert "token_equal_to_stock_tp1" not in summarize(tmp_path)["m"]["m-ours"]
 
 
 def test_first_difference_position():

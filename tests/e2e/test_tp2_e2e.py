@@ -30,7 +30,6 @@ PyNccl on CPU process groups) and the launcher sets ``SGLANG_CPU_OMP_THREADS_BIN
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Dict, List
 
@@ -49,7 +48,7 @@ from e2e_kit import (
     start_server,
     stop_server,
 )
-from served_log import KERNEL_MARK
+from served_log import ranks_that_ran
 
 pytestmark = pytest.mark.e2e
 
@@ -140,5 +139,5 @@ def test_tp2_every_rank_ran_the_plugin(tp2):
     log = server.log_text()
     assert_served_by_plugin(server, config.kernels())
     for kernel in config.kernels():
-        ranks = set(re.findall(r"\bTP(\d+)\] " + re.escape(KERNEL_MARK + kernel), log))
+        ranks = ranks_that_ran(log, kernel)
         assert ranks == {str(r) for r in range(TP_SIZE)}, (kernel, ranks)

@@ -25,12 +25,10 @@ the reference continuation, so this only happens where stock bf16 itself left th
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from gpu_kit import GRAPH_CAPTURED_MARK, MODELS, ON_CPU, STOCK_TP1, TP_SIZE, configs, divergence
-from served_log import KERNEL_MARK, assert_not_served_by_plugin, assert_served_by_plugin
+from served_log import assert_not_served_by_plugin, assert_served_by_plugin, ranks_that_ran
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
 
@@ -84,6 +82,15 @@ def _differences(run, base):
     return near_ties, wrong
 
 
+def _assert_same_tokens(run, base, what: str):
+    """``run``'s outputs equal ``base``'s but for near-tie flips in at most MAX_NEAR_TIE_PROMPTS
+    prompts; returns those prompts."""
+    near_ties, wrong = _differences(run, base)
+    assert not wrong, f"{len(wrong)} outputs differ from {what}; first: {wrong[0]}"
+    assert len(near_ties) <= MAX_NEAR_TIE_PROMPTS, f"near-tie flips in prompts {sorted(near_ties)}"
+    return near_ties
+
+
 def _stock_prefill_graph_verdict(fleet, served, base):
     """A prefill-graph configuration is judged only where stock SGLang with the same prefill graph
     serves what its eager prefill serves: skip when that run is missing, xfail when it differs."""
@@ -103,9 +110,7 @@ def test_lossless_against_stock_sglang(fleet, served):
     run, base = _run(fleet, served), _baseline(fleet, served)
     if served.prefill_graph:
         _stock_prefill_graph_verdict(fleet, served, base)
-    near_ties, wrong = _differences(run, base)
-    assert not wrong, f"{len(wrong)} outputs differ from stock SGLang; first: {wrong[0]}"
-    assert len(near_ties) <= MAX_NEAR_TIE_PROMPTS, f"near-tie flips in prompts {sorted(near_ties)}"
+    near_ties = _assert_same_tokens(run, base, "stock SGLang")
     stock_api = {row["prompt"]: row for row in base.results["openai"]}
     for row in run.results["openai"]:
         if row["prompt"] not in near_ties:
@@ -128,9 +133,7 @@ def test_stock_at_tp_equals_stock_at_tp1(fleet, model):
     """The yardstick: stock SGLang serves the same tokens at TP_SIZE as at TP=1 (a near-tie flip
     of the TP=1 run's top-2 allowed), so "equal at TP=2" and "equal at TP=1" are both claims."""
     served = next(s for s in configs(model) if s.name == "stock")
-    near_ties, wrong = _differences(_baseline(fleet, served), _tp1_baseline(fleet, served))
-    assert not wrong, f"{len(wrong)} outputs of stock at TP={TP_SIZE} differ from TP=1; first: {wrong[0]}"
-    assert len(near_ties) <= MAX_NEAR_TIE_PROMPTS, f"near-tie flips in prompts {sorted(near_ties)}"
+    _assert_same_tokens(_baseline(fleet, served), _tp1_baseline(fleet, served), "stock SGLang at TP=1")
 
 
 @needs_tp
@@ -139,9 +142,7 @@ def test_lossless_against_stock_sglang_at_tp1(fleet, served):
     run, base = _run(fleet, served), _tp1_baseline(fleet, served)
     if served.prefill_graph:
         pytest.skip("prefill-graph configurations are judged against stock on the same graph")
-    near_ties, wrong = _differences(run, base)
-    assert not wrong, f"{len(wrong)} outputs differ from stock SGLang at TP=1; first: {wrong[0]}"
-    assert len(near_ties) <= MAX_NEAR_TIE_PROMPTS, f"near-tie flips in prompts {sorted(near_ties)}"
+    _assert_same_tokens(run, base, "stock SGLang at TP=1")
 
 
 @needs_tp
@@ -150,7 +151,7 @@ def test_every_rank_ran_the_plugin(fleet, served):
     """Each rank logs a kernel's first use with its ``TP<rank>]`` prefix: none fell back alone."""
     log = _run(fleet, served).log
     for kernel in served.expected_kernels():
-        ranks = set(re.findall(r"\bTP(\d+)\] " + re.escape(KERNEL_MARK + kernel), log))
+        ranks = ranks_that_ran(log, kernel)
         assert ranks == {str(r) for r in range(served.tp_size)}, (kernel, ranks)
 
 
