@@ -543,14 +543,16 @@ def lbname(lb):
     return "lb" if lb is not None else "softplus"
 
 
-def check_buffered_decode(up, H, ours=True):
+def check_buffered_decode(up, H, ours=True, extra=()):
     """Buffered decode, ours and sglang's, against plain float64 decode over ``L + 2`` steps from
     the same state: every step's output, the checkpoint after the flush step (``L - 1``) and,
-    at the end, the checkpoint carried over the rows buffered since (``buffered_decode_state_ref``)."""
+    at the end, the checkpoint carried over the rows buffered since (``buffered_decode_state_ref``).
+    ``extra``: more (name, launch kwargs) of ours to check."""
     N, steps = 3, DECODE_RING + 2
     kernels = [("decode_buffered", LB, lambda inst, pool, s_: ours_buffered_decode(inst, pool, s_, {})),
                ("decode_buffered_factored", LB,
                 lambda inst, pool, s_: ours_buffered_decode(inst, pool, s_, {"impl": "factored"}))] if ours else []
+    kernels += [(name, LB, lambda inst, pool, s_, c=cfg: ours_buffered_decode(inst, pool, s_, c)) for name, cfg in extra]
     if up is not None and up.has("conv", "replayssm_decode"):
         kernels.append(("up_decode_buffered", None, up.buffered_decode))
     for name, lb, fn in kernels:

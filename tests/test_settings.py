@@ -68,13 +68,13 @@ def test_constants_are_defined_once():
 
 def test_buffered_decode_impl_reads_the_variable_and_refuses_unknown_values(monkeypatch):
     monkeypatch.delenv(settings.BUFFERED_DECODE_ENV, raising=False)
-    assert settings.buffered_decode_impl() == "rows"
-    monkeypatch.setenv(settings.BUFFERED_DECODE_ENV, "factored")
     assert settings.buffered_decode_impl() == "factored"
+    monkeypatch.setenv(settings.BUFFERED_DECODE_ENV, "rows")
+    assert settings.buffered_decode_impl() == "rows"
     monkeypatch.setenv(settings.BUFFERED_DECODE_ENV, "fast")
     try:
         settings.buffered_decode_impl()
     except ValueError as err:
-        assert "SGLANG_DSPARK_BUFFERED_DECODE='fast'" in str(err) and "rows, factored" in str(err)
+        assert "SGLANG_DSPARK_BUFFERED_DECODE='fast'" in str(err) and "factored, rows" in str(err)
     else:
         raise AssertionError("an unknown buffered decode kernel was accepted")

@@ -102,13 +102,13 @@ def decode(H: int, N: int, buffered: bool = False, factored: bool = False) -> di
     those tried that compiles for sm_90 without spills (the ring's 16 x 128 carried keys and the
     ``tl.dot`` operands stay live across the V loop; 1 warp spills 976 B, 128 rows 456 B:
     ``benchmarks/sass_report.py decode --buffered``). The factored buffered step (``impl="factored"``)
-    keeps no ring tile live across the V loop and has no ``tl.dot``, so it takes plain decode's
-    shapes: the whole tile with 8 warps (175 registers) while N*H <= 1024, 32-row tiles with 1 warp
-    above (217 registers, 128 B shared; sm_90, no spills). Not yet timed on the H200."""
+    keeps no ring tile live across the V loop and has no ``tl.dot`` (217 registers at 1 warp, no
+    spills): the whole tile with 4 warps while N*H <= 256, 32-row tiles with 1 warp above (H200
+    sweep of 7 tiles at N = 8, 32, 64, 256, H=32: docs/lazy-flush.md, twenty-fourth session)."""
     if interpreting():
         return dict(block_v=32, num_warps=4)
     if buffered and factored:
-        return dict(block_v=128, num_warps=8) if _programs(N, H) <= 1024 else dict(block_v=32, num_warps=1)
+        return dict(block_v=128, num_warps=4) if _programs(N, H) <= 256 else dict(block_v=32, num_warps=1)
     if buffered:
         return dict(block_v=32, num_warps=4)
     if _programs(N, H) <= 1024:

@@ -93,7 +93,7 @@ class SpecConfig:
     bad_input: bool = False
     decode_ring: bool = False  # --enable-linear-replayssm (plain decode through SGLang's decode ring)
     lazy: bool = False  # the lazy record ring (SGLANG_DSPARK_LAZY_RECORDS=1 and --disable-radix-cache: safe on CPU)
-    buffered_decode: Optional[str] = None  # SGLANG_DSPARK_BUFFERED_DECODE (decode ring); None = rows
+    buffered_decode: Optional[str] = None  # SGLANG_DSPARK_BUFFERED_DECODE (decode ring); None = factored
 
     def args(self):
         extra = ["--disable-radix-cache"] if self.lazy else []
@@ -115,7 +115,7 @@ class SpecConfig:
     def kernels(self):
         """The plugin kernels this configuration must run (their first-use log lines)."""
         if self.gamma is None:
-            return [f"decode (buffered, {self.buffered_decode or 'rows'})"] if self.decode_ring else ["decode"]
+            return [f"decode (buffered, {self.buffered_decode or 'factored'})"] if self.decode_ring else ["decode"]
         if self.lazy:
             return ["mtp_verify (ring, lazy records)", "lazy records commit"]
         return ["mtp_verify (ring)", "replayssm_fold"] if self.replayssm else ["mtp_verify (snapshot)"]
@@ -131,8 +131,8 @@ CONFIGS = [
     SpecConfig("decode", gamma=None, replayssm=False),
     # the plugin's buffered decode in SGLang's decode ring (--enable-linear-replayssm)
     SpecConfig("decode-ring", gamma=None, replayssm=False, decode_ring=True),
-    # the same with the factored buffered decode (SGLANG_DSPARK_BUFFERED_DECODE=factored)
-    SpecConfig("decode-ring-factored", gamma=None, replayssm=False, decode_ring=True, buffered_decode="factored"),
+    # the same with the buffered decode that forms the state every step (SGLANG_DSPARK_BUFFERED_DECODE=rows)
+    SpecConfig("decode-ring-rows", gamma=None, replayssm=False, decode_ring=True, buffered_decode="rows"),
     SpecConfig("g3-static", gamma=3, replayssm=False, bad_input=True),
     SpecConfig("g1-static", gamma=1, replayssm=False),
     SpecConfig("g3-static-replayssm", gamma=3, replayssm=True),

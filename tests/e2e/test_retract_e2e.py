@@ -31,7 +31,7 @@ CONFIGS = {
     "g3-lazy-retract": (3, True, ["--disable-radix-cache"],
                         ["mtp_verify (ring, lazy records)", "lazy records commit"], "dspark: lazy record ring on"),
     "decode-ring-retract": (None, False, ["--enable-linear-replayssm", "--linear-replayssm-cache-len", "4"],
-                            ["decode (buffered, rows)"], None),
+                            ["decode (buffered, factored)"], None),
 }
 
 

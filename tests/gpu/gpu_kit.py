@@ -87,7 +87,7 @@ class Served:
     # (windows up to LAZY_RECORDS_MAX_WINDOW), "0" = fold, "all" = the lazy record ring at any window
     lazy_records: Optional[str] = None
     prefill_graph: bool = False  # SGLang's breakable prefill CUDA graph (off for KDA models by default)
-    buffered_decode: Optional[str] = None  # SGLANG_DSPARK_BUFFERED_DECODE; None = the default (rows)
+    buffered_decode: Optional[str] = None  # SGLANG_DSPARK_BUFFERED_DECODE; None = the default (factored)
     tp: Optional[int] = None  # --tp-size; None = TP_SIZE
 
     @property
@@ -155,7 +155,7 @@ class Served:
         if self.backend != "dspark":
             return []
         if self.gamma is None:
-            return [f"decode (buffered, {self.buffered_decode or 'rows'})"] if self.decode_ring else ["decode"]
+            return [f"decode (buffered, {self.buffered_decode or 'factored'})"] if self.decode_ring else ["decode"]
         if self.lazy:
             return ["mtp_verify (ring, lazy records)", "lazy records commit"]
         if self.replayssm:
@@ -170,9 +170,8 @@ def configs(model: str) -> List[Served]:
         Served(model, "dspark-decode", "dspark"),
         Served(model, "dspark-decode-ring", "dspark", decode_ring=True),
     ]
-    if not ON_CPU:  # the factored buffered decode (kernels/decode.py), opt-in
-        out.append(Served(model, "dspark-decode-ring-factored", "dspark", decode_ring=True,
-                          buffered_decode="factored"))
+    if not ON_CPU:  # the buffered decode that forms the state every step (kernels/decode.py), opt-in
+        out.append(Served(model, "dspark-decode-ring-rows", "dspark", decode_ring=True, buffered_decode="rows"))
     for gamma in (3, 7):
         for replayssm in (False, True):
             commit = "replayssm" if replayssm else "snapshot"

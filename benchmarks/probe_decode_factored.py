@@ -1,0 +1,167 @@
+"""Probe: where the factored buffered decode's time goes on the GPU (issue 15, decode target).
+
+Times, on bench_kernels' tensors (H=32, CUDA graphs, two ring lengths of steps so flushes are
+paid, R slot sets so the state does not sit in L2):
+
+1. the factored step at several tiles (``block_v`` rows x warps) and the rows step, per N;
+2. minimal kernels with the factored step's state access and nothing else (two row sums of the
+   checkpoint tile per V-tile, one ``[V]`` store): the ceiling of that structure, per layout and
+   grid, to tell the step's own overheads (conv, gate, ring terms, flush) from the stream's.
+
+    python3 benchmarks/probe_decode_factored.py [--N 8,16,32,64,128,256] [--rep 30]
+
+Prints one line per timing and writes ``probe_decode_factored.json`` to ``$OUT`` (or ./out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_kernels as BK  # noqa: E402  (sets up sys.path and the device)
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _stream_two_products(ssm_ptr, slot_ptr, x_ptr, y_ptr, out_ptr, s_slot, H,
+                         BV: tl.constexpr, SPLIT: tl.constexpr):
+    """Per (request, head): ``o = S x + S y`` over V-tiles of BV rows (the factored step's reads)."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_k = tl.arange(0, 128)
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    base = ssm_ptr + slot * s_slot + h.to(tl.int64) * 16384
+    x = tl.load(x_ptr + h * 128 + offs_k)
+    y = tl.load(y_ptr + h * 128 + offs_k)
+    if SPLIT:
+        offs_v = tl.program_id(2) * BV + tl.arange(0, BV)
+        S = tl.load(base + offs_v[:, None] * 128 + offs_k[None, :])
+        o = tl.sum(S * x[None, :], axis=1) + tl.sum(S * y[None, :], axis=1)
+        tl.store(out_ptr + (n * H + h) * 128 + offs_v, o)
+    else:
+        for iv in range(128 // BV):
+            offs_v = iv * BV + tl.arange(0, BV)
+            S = tl.load(base + offs_v[:, None] * 128 + offs_k[None, :])
+            o = tl.sum(S * x[None, :], axis=1) + tl.sum(S * y[None, :], axis=1)
+            tl.store(out_ptr + (n * H + h) * 128 + offs_v, o)
+
+
+@triton.jit
+def _stream_two_products_kchunks(ssm_ptr, slot_ptr, x_ptr, y_ptr, out_ptr, s_slot, H,
+                                 BV: tl.constexpr, C: tl.constexpr):
+    """The same reads with the tile as ``[128 // C, BV, C]`` (K split into chunks of C outside
+    the rows): lanes spread over rows as well as K, so the row sums need fewer shuffles."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_c = tl.arange(0, 128 // C)
+    offs_j = tl.arange(0, C)
+    slot = tl.load(slot_ptr + n).to(tl.int64)
+    base = ssm_ptr + slot * s_slot + h.to(tl.int64) * 16384
+    x = tl.load(x_ptr + h * 128 + offs_c[:, None] * C + offs_j[None, :])
+    y = tl.load(y_ptr + h * 128 + offs_c[:, None] * C + offs_j[None, :])
+    for iv in range(128 // BV):
+        offs_v = iv * BV + tl.arange(0, BV)
+        S = tl.load(base + offs_c[:, None, None] * C + offs_v[None, :, None] * 128 + offs_j[None, None, :])
+        o = tl.sum(tl.sum(S * x[:, None, :], axis=2), axis=0) + tl.sum(tl.sum(S * y[:, None, :], axis=2), axis=0)
+        tl.store(out_ptr + (n * H + h) * 128 + offs_v, o)
+
+
+# (block_v, num_warps, flush_dot, flush_block_v): the flush pass as rank-1 terms ("") or one tl.dot
+FLUSH_VARIANTS = [(bv, w, fd, bvf) for bv, w in ((32, 1), (128, 4), (64, 2))
+                  for fd, bvf in (("", 32), ("ieee", 16), ("ieee", 32), ("tf32x3", 16))]
+
+
+def variant_cfg(v):
+    bv, w, fd, bvf = v
+    return dict(impl="factored", block_v=bv, num_warps=w, flush_dot=fd, flush_block_v=bvf)
+
+
+def variant_name(v):
+    return f"factored_{v[0]}x{v[1]}_flush_{v[2] or 'rank1'}_{v[3]}"
+
+
+def stream_only(N, H, pool, insts, timed):
+    """The minimal kernels' timings (part 2 of the module docstring)."""
+    x = torch.randn(H * 128, device=BK.DEV)
+    y = torch.randn(H * 128, device=BK.DEV)
+    o = torch.empty(N * H * 128, device=BK.DEV)
+    state = pool["state"]
+    for bv, w in ((32, 1), (16, 1), (32, 2), (64, 2), (64, 4), (128, 4), (128, 8)):
+        for split in (False, True):
+            grid = (N, H, 128 // bv) if split else (N, H)
+            calls = [lambda i=i, g=grid, bv=bv, w=w, sp=split: _stream_two_products[g](
+                state, i["slots"], x, y, o, state.stride(0), H, BV=bv, SPLIT=sp, num_warps=w) for i in insts]
+            timed("stream_only" + ("_split" if split else ""), dict(block_v=bv, num_warps=w), calls, len(insts))
+    for bv, w, c in ((32, 1, 8), (32, 1, 4), (32, 1, 16), (64, 2, 8), (32, 2, 8), (128, 4, 8)):
+        calls = [lambda i=i, bv=bv, w=w, c=c: _stream_two_products_kchunks[(N, H)](
+            state, i["slots"], x, y, o, state.stride(0), H, BV=bv, C=c, num_warps=w) for i in insts]
+        timed("stream_only_kchunks", dict(block_v=bv, num_warps=w, chunk=c), calls, len(insts))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--N", default="8,16,32,64,128,256")
+    ap.add_argument("--H", type=int, default=32)
+    ap.add_argument("--rep", type=int, default=30)
+    ap.add_argument("--stream", action="store_true", help="also time the minimal streaming kernels")
+    args = ap.parse_args()
+    out_dir = os.environ.get("OUT") or os.path.join(BK.ROOT, "out")
+    os.makedirs(out_dir, exist_ok=True)
+    H = args.H
+    bw = BK.copy_bandwidth(True)
+    print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
+    rows = []
+    # every flush variant against float64 decode over a flush (bench_kernels' buffered check)
+    extra = [(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS]
+    BK.check_buffered_decode(None, H, extra=extra)
+    for (name, _), v in sorted(BK.CHECKS.items()):
+        print(f"check {name}: {'ok' if v['ok'] else 'FAIL'} {v}", flush=True)
+    for N in [int(x) for x in args.N.split(",")]:
+        R = BK.rotations(N, H)
+        pool, insts = BK.make_pool(H, N, 1, R, False, decode_ring=True)
+        floor_us = N * H * 65536 / (bw * 1e12) * 1e6
+        steps = range(2 * BK.DECODE_RING)
+
+        def timed(name, cfg, calls, per):
+            try:
+                us = BK.time_graph(calls, args.rep) * len(calls) / per
+            except Exception as e:  # a tile that does not compile is a finding, not a stop
+                print(f"N={N:3d} {name:28s} {cfg} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                return
+            rows.append(dict(N=N, H=H, kernel=name, cfg=cfg, us=us, x_floor=us / floor_us))
+            print(f"N={N:3d} {name:28s} {str(cfg):40s} {us:9.2f} us  x{us / floor_us:.2f} S/B", flush=True)
+
+        per = len(steps) * len(insts)
+        timed("buffered_rows", {}, [lambda i=i, s_=s_: BK.ours_buffered_decode(i, pool, s_, {})
+                                    for s_ in steps for i in insts], per)
+        timed("buffered_factored", {}, [lambda i=i, s_=s_: BK.ours_buffered_decode(i, pool, s_, dict(impl="factored"))
+                                        for s_ in steps for i in insts], per)
+        last = BK.DECODE_RING - 1  # the flushing step
+        for v in FLUSH_VARIANTS:
+            c_ = variant_cfg(v)
+            if not BK.CHECKS[(variant_name(v), 1)]["ok"]:
+                print(f"N={N:3d} {variant_name(v)} not timed: check failed", flush=True)
+                continue
+            timed(variant_name(v), {}, [lambda i=i, s_=s_, c_=c_: BK.ours_buffered_decode(i, pool, s_, c_)
+                                        for s_ in steps for i in insts], per)
+            timed(variant_name(v) + "_no_flush_steps", {}, [
+                lambda i=i, s_=s_, c_=c_: BK.ours_buffered_decode(i, pool, s_, c_)
+                for s_ in range(last) for i in insts], last * len(insts))
+            timed(variant_name(v) + "_flush_step", {}, [lambda i=i, c_=c_: BK.ours_buffered_decode(i, pool, last, c_)
+                                                        for i in insts], len(insts))
+        if args.stream:
+            stream_only(N, H, pool, insts, timed)
+        del pool, insts
+        torch.cuda.empty_cache()
+    with open(os.path.join(out_dir, "probe_decode_factored.json"), "w") as f:
+        json.dump(dict(env=BK.environment(sys.argv), bandwidth_tbs=bw, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
