@@ -3,12 +3,19 @@
 Times, on bench_kernels' tensors (H=32, CUDA graphs, two ring lengths of steps so flushes are
 paid, R slot sets so the state does not sit in L2):
 
-1. the factored step at several tiles (``block_v`` rows x warps) and the rows step, per N;
-2. minimal kernels with the factored step's state access and nothing else (two row sums of the
-   checkpoint tile per V-tile, one ``[V]`` store): the ceiling of that structure, per layout and
-   grid, to tell the step's own overheads (conv, gate, ring terms, flush) from the stream's.
+1. the rows step, the factored step at its launch-table tiles, and the factored step at three
+   tiles, each over a ring (flushes paid), over the non-flushing steps only and over the flushing
+   step only; with ``benchmarks/next/decode-flush-dot.patch`` applied also its flush pass as one
+   ``tl.dot`` per tile (three precisions / tile heights);
+2. with ``--stream``, minimal kernels with the factored step's state access and nothing else
+   (two row sums of the checkpoint tile per V-tile, one ``[V]`` store): the ceiling of that
+   structure, per layout and grid (the same grid, a grid split over V-tiles, K split into chunks
+   outside the rows), to tell the step's own overheads (conv, gate, ring terms, flush) from the
+   stream's.
 
-    python3 benchmarks/probe_decode_factored.py [--N 8,16,32,64,128,256] [--rep 30]
+    python3 benchmarks/probe_decode_factored.py [--N 8,32,64,256] [--rep 30] [--stream]
+
+Runs: docs/lazy-flush.md, twenty-fourth session.
 
 Prints one line per timing and writes ``probe_decode_factored.json`` to ``$OUT`` (or ./out).
 """
@@ -16,6 +23,7 @@ Prints one line per timing and writes ``probe_decode_factored.json`` to ``$OUT``
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -72,14 +80,17 @@ def _stream_two_products_kchunks(ssm_ptr, slot_ptr, x_ptr, y_ptr, out_ptr, s_slo
         tl.store(out_ptr + (n * H + h) * 128 + offs_v, o)
 
 
-# (block_v, num_warps, flush_dot, flush_block_v): the flush pass as rank-1 terms ("") or one tl.dot
+# (block_v, num_warps, flush_dot, flush_block_v): the flush pass as rank-1 terms ("", the kernel's) or,
+# with ``git apply benchmarks/next/decode-flush-dot.patch``, one tl.dot per tile of flush_block_v rows
+_FLUSH_DOT = "flush_dot" in inspect.signature(BK.decode).parameters
 FLUSH_VARIANTS = [(bv, w, fd, bvf) for bv, w in ((32, 1), (128, 4), (64, 2))
-                  for fd, bvf in (("", 32), ("ieee", 16), ("ieee", 32), ("tf32x3", 16))]
+                  for fd, bvf in (("", 32), ("ieee", 16), ("ieee", 32), ("tf32x3", 16)) if fd == "" or _FLUSH_DOT]
 
 
 def variant_cfg(v):
     bv, w, fd, bvf = v
-    return dict(impl="factored", block_v=bv, num_warps=w, flush_dot=fd, flush_block_v=bvf)
+    cfg = dict(impl="factored", block_v=bv, num_warps=w)
+    return dict(cfg, flush_dot=fd, flush_block_v=bvf) if _FLUSH_DOT else cfg
 
 
 def variant_name(v):
