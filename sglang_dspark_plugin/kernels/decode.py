@@ -284,8 +284,9 @@ def decode(
         and warps.
     impl : str, optional
         ``None`` / ``"auto"`` / ``"rows"``: the recurrent ``[block_v, 128]`` kernel, which forms the
-        state every step. ``"factored"`` (buffered only): between flushes, the step's two products
-        with the state from the checkpoint and the ring rows, without forming it (module docstring).
+        state every step. ``"factored"`` (buffered only; the backend's default in SGLang's decode
+        ring, ``settings.buffered_decode_impl``): between flushes, the step's two products with the
+        state from the checkpoint and the ring rows, without forming it (module docstring).
     dot_precision : str
         ``tl.dot`` precision of the buffered state reconstruction (``"tf32x3"``: about fp32;
         ``"ieee"``).
