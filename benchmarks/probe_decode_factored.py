@@ -6,7 +6,8 @@ paid, R slot sets so the state does not sit in L2):
 1. the rows step, the factored step at its launch-table tiles, and the factored step at three
    tiles, each over a ring (flushes paid), over the non-flushing steps only and over the flushing
    step only; with ``benchmarks/next/decode-flush-dot.patch`` applied also its flush pass as one
-   ``tl.dot`` per tile (three precisions / tile heights);
+   ``tl.dot`` per tile (three precisions / tile heights); with
+   ``benchmarks/next/decode-split-v.patch`` the grid split over V-tiles at five tiles;
 2. with ``--stream``, minimal kernels with the factored step's state access and nothing else
    (two row sums of the checkpoint tile per V-tile, one ``[V]`` store): the ceiling of that
    structure, per layout and grid (the same grid, a grid split over V-tiles, K split into chunks
@@ -87,6 +88,21 @@ FLUSH_VARIANTS = [(bv, w, fd, bvf) for bv, w in ((32, 1), (128, 4), (64, 2))
                   for fd, bvf in (("", 32), ("ieee", 16), ("ieee", 32), ("tf32x3", 16)) if fd == "" or _FLUSH_DOT]
 
 
+# (block_v, num_warps) of the grid split over V-tiles, with ``git apply
+# benchmarks/next/decode-split-v.patch`` (decode(..., split_v=True): one program per (request,
+# head, V-tile), the q/k conv roll by the last program of a head to arrive)
+_SPLIT_V = "split_v" in inspect.signature(BK.decode).parameters
+SPLIT_VARIANTS = [(32, 1), (16, 1), (32, 2), (64, 2), (128, 4)] if _SPLIT_V else []
+
+
+def split_cfg(v):
+    return dict(impl="factored", block_v=v[0], num_warps=v[1], split_v=True)
+
+
+def split_name(v):
+    return f"factored_split_{v[0]}x{v[1]}"
+
+
 def variant_cfg(v):
     bv, w, fd, bvf = v
     cfg = dict(impl="factored", block_v=bv, num_warps=w)
@@ -130,6 +146,7 @@ def main():
     rows = []
     # every flush variant against float64 decode over a flush (bench_kernels' buffered check)
     extra = [(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS]
+    extra += [(split_name(v), split_cfg(v)) for v in SPLIT_VARIANTS]
     BK.check_buffered_decode(None, H, extra=extra)
     for (name, _), v in sorted(BK.CHECKS.items()):
         print(f"check {name}: {'ok' if v['ok'] else 'FAIL'} {v}", flush=True)
@@ -154,17 +171,17 @@ def main():
         timed("buffered_factored", {}, [lambda i=i, s_=s_: BK.ours_buffered_decode(i, pool, s_, dict(impl="factored"))
                                         for s_ in steps for i in insts], per)
         last = BK.DECODE_RING - 1  # the flushing step
-        for v in FLUSH_VARIANTS:
-            c_ = variant_cfg(v)
-            if not BK.CHECKS[(variant_name(v), 1)]["ok"]:
-                print(f"N={N:3d} {variant_name(v)} not timed: check failed", flush=True)
+        for name, c_ in ([(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS]
+                         + [(split_name(v), split_cfg(v)) for v in SPLIT_VARIANTS]):
+            if not BK.CHECKS[(name, 1)]["ok"]:
+                print(f"N={N:3d} {name} not timed: check failed", flush=True)
                 continue
-            timed(variant_name(v), {}, [lambda i=i, s_=s_, c_=c_: BK.ours_buffered_decode(i, pool, s_, c_)
+            timed(name, {}, [lambda i=i, s_=s_, c_=c_: BK.ours_buffered_decode(i, pool, s_, c_)
                                         for s_ in steps for i in insts], per)
-            timed(variant_name(v) + "_no_flush_steps", {}, [
+            timed(name + "_no_flush_steps", {}, [
                 lambda i=i, s_=s_, c_=c_: BK.ours_buffered_decode(i, pool, s_, c_)
                 for s_ in range(last) for i in insts], last * len(insts))
-            timed(variant_name(v) + "_flush_step", {}, [lambda i=i, c_=c_: BK.ours_buffered_decode(i, pool, last, c_)
+            timed(name + "_flush_step", {}, [lambda i=i, c_=c_: BK.ours_buffered_decode(i, pool, last, c_)
                                                         for i in insts], len(insts))
         if args.stream:
             stream_only(N, H, pool, insts, timed)
