@@ -12,7 +12,8 @@ overlap scheduler and the same draft: ``stock`` (SGLang's own backend, no specul
 ``dspark-dspark-replayssm-eager`` (our verify + ReplaySSM fold every commit),
 ``dspark-dspark-replayssm-lazy-all`` (the lazy record ring at windows above 4 tokens too), and plain decode through SGLang's decode
 ring (``--enable-linear-replayssm``, which needs the no_buffer radix strategy and no overlap
-scheduler): ``stock-ring`` (SGLang's buffered decode), ``dspark-ring`` (ours: the factored step), ``dspark-ring-rows`` (ours, the step that forms the state every step; by name only).
+scheduler): ``stock-ring`` (SGLang's buffered decode), ``dspark-ring`` (ours: the factored step),
+``dspark-ring-rows`` (ours, the step that forms the state every step; by name only).
 
 Per configuration and concurrency ``c``: ``c`` clients send requests back to back (``requests =
 max(16, 8c)``, each a distinct seeded random prompt of ``--prompt-len`` tokens, exactly
@@ -110,7 +111,7 @@ CONFIGS = [
     # plain decode through SGLang's decode ring (--enable-linear-replayssm; no_buffer radix, no overlap)
     Config("stock-ring", "stock", False, decode_ring=True),
     Config("dspark-ring", "dspark", False, decode_ring=True),
-    # the buffered decode that forms the state every step (the default until 2026-12-04: factored)
+    # ours with the buffered decode that forms the state every step (the default before the factored step)
     Config("dspark-ring-rows", "dspark", False, decode_ring=True, env=(("SGLANG_DSPARK_BUFFERED_DECODE", "rows"),),
            default=False),
     # SGLang's breakable prefill CUDA graph, which it leaves off for KDA models unless asked for:

@@ -91,8 +91,8 @@ def lazy_records_any_window() -> bool:
 
 def buffered_decode_impl() -> str:
     """``SGLANG_DSPARK_BUFFERED_DECODE``: the ``impl`` of :func:`kernels.decode.decode` in SGLang's
-    decode ring, ``factored`` when unset or empty (1.6x faster than ``rows`` on the H200,
-    docs/lazy-flush.md). Any other value is refused with one clear error."""
+    decode ring, ``factored`` when unset or empty (the faster kernel: docs/lazy-flush.md). Any
+    other value is refused with one clear error."""
     value = os.environ.get(BUFFERED_DECODE_ENV) or "factored"
     if value not in BUFFERED_DECODE_IMPLS:
         raise ValueError(
