@@ -3,7 +3,8 @@
 Times, on bench_kernels' tensors (H=32, CUDA graphs, two ring lengths of steps so flushes are
 paid, R slot sets so the state does not sit in L2):
 
-1. the rows step, the factored step at its launch-table tiles, and the factored step at three
+1. the rows step, the factored step at its launch-table tiles (also with every step at write
+   position 0: no ring row read, no flush, to isolate what the ring terms cost), and the factored step at three
    tiles, each over a ring (flushes paid), over the non-flushing steps only and over the flushing
    step only; with ``benchmarks/next/decode-flush-dot.patch`` applied also its flush pass as one
    ``tl.dot`` per tile (three precisions / tile heights); with
@@ -170,6 +171,9 @@ def main():
                                     for s_ in steps for i in insts], per)
         timed("buffered_factored", {}, [lambda i=i, s_=s_: BK.ours_buffered_decode(i, pool, s_, dict(impl="factored"))
                                         for s_ in steps for i in insts], per)
+        # every step at write_pos 0: no ring row read, no flush (what the ring terms cost)
+        timed("buffered_factored_no_ring_rows", {}, [lambda i=i: BK.ours_buffered_decode(i, pool, 0, dict(impl="factored"))
+                                                     for i in insts], len(insts))
         last = BK.DECODE_RING - 1  # the flushing step
         for name, c_ in ([(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS]
                          + [(split_name(v), split_cfg(v)) for v in SPLIT_VARIANTS]):
