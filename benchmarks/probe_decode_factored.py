@@ -4,8 +4,8 @@ Times, on bench_kernels' tensors (H=32, CUDA graphs, two ring lengths of steps s
 paid, R slot sets so the state does not sit in L2):
 
 1. the rows step, the factored step at its launch-table tiles (also with every step at write
-   position 0: no ring row read, no flush, to isolate what the ring terms cost), and the factored step at three
-   tiles, each over a ring (flushes paid), over the non-flushing steps only and over the flushing
+   position 0: no ring row read, no flush, to isolate what the ring terms cost), and the
+   factored step at three tiles, each over a ring (flushes paid), over the non-flushing steps only and over the flushing
    step only; with ``benchmarks/next/decode-flush-dot.patch`` applied also its flush pass as one
    ``tl.dot`` per tile (three precisions / tile heights); with
    ``benchmarks/next/decode-split-v.patch`` the grid split over V-tiles at five tiles;
@@ -145,7 +145,7 @@ def main():
     bw = BK.copy_bandwidth(True)
     print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
     rows = []
-    # every flush variant against float64 decode over a flush (bench_kernels' buffered check)
+    # every variant against float64 decode over a flush (bench_kernels' buffered check)
     extra = [(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS]
     extra += [(split_name(v), split_cfg(v)) for v in SPLIT_VARIANTS]
     BK.check_buffered_decode(None, H, extra=extra)
@@ -166,27 +166,24 @@ def main():
             rows.append(dict(N=N, H=H, kernel=name, cfg=cfg, us=us, x_floor=us / floor_us))
             print(f"N={N:3d} {name:28s} {str(cfg):40s} {us:9.2f} us  x{us / floor_us:.2f} S/B", flush=True)
 
-        per = len(steps) * len(insts)
-        timed("buffered_rows", {}, [lambda i=i, s_=s_: BK.ours_buffered_decode(i, pool, s_, {})
-                                    for s_ in steps for i in insts], per)
-        timed("buffered_factored", {}, [lambda i=i, s_=s_: BK.ours_buffered_decode(i, pool, s_, dict(impl="factored"))
-                                        for s_ in steps for i in insts], per)
+        def timed_steps(name, cfg, ring_steps):
+            """``cfg``'s decode at each of ``ring_steps`` for every slot set, per call."""
+            calls = [lambda i=i, s_=s_: BK.ours_buffered_decode(i, pool, s_, cfg) for s_ in ring_steps for i in insts]
+            timed(name, {}, calls, len(calls))
+
+        timed_steps("buffered_rows", {}, steps)
+        timed_steps("buffered_factored", dict(impl="factored"), steps)
         # every step at write_pos 0: no ring row read, no flush (what the ring terms cost)
-        timed("buffered_factored_no_ring_rows", {}, [lambda i=i: BK.ours_buffered_decode(i, pool, 0, dict(impl="factored"))
-                                                     for i in insts], len(insts))
+        timed_steps("buffered_factored_no_ring_rows", dict(impl="factored"), [0])
         last = BK.DECODE_RING - 1  # the flushing step
         for name, c_ in ([(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS]
                          + [(split_name(v), split_cfg(v)) for v in SPLIT_VARIANTS]):
             if not BK.CHECKS[(name, 1)]["ok"]:
                 print(f"N={N:3d} {name} not timed: check failed", flush=True)
                 continue
-            timed(name, {}, [lambda i=i, s_=s_, c_=c_: BK.ours_buffered_decode(i, pool, s_, c_)
-                                        for s_ in steps for i in insts], per)
-            timed(name + "_no_flush_steps", {}, [
-                lambda i=i, s_=s_, c_=c_: BK.ours_buffered_decode(i, pool, s_, c_)
-                for s_ in range(last) for i in insts], last * len(insts))
-            timed(name + "_flush_step", {}, [lambda i=i, c_=c_: BK.ours_buffered_decode(i, pool, last, c_)
-                                                        for i in insts], len(insts))
+            timed_steps(name, c_, steps)
+            timed_steps(name + "_no_flush_steps", c_, range(last))
+            timed_steps(name + "_flush_step", c_, [last])
         if args.stream:
             stream_only(N, H, pool, insts, timed)
         del pool, insts
