@@ -25,9 +25,11 @@ times two vectors (after this token's decay ``e^g``), ``S x = S0 (e^G o x) + D^T
 
     u = beta (v - S (e^g o k)),   o = S (e^g o q) + u (k . q)
 
-(the state after the step is ``S o e^g + u k^T``). A flushing step forms the state in a second
-pass, adding the ring rows as rank-1 terms one row at a time. The ring tiles of the two products
-die before the V loop and no ``tl.dot`` operand exists, so the step fits plain decode's tiles.
+(the state after the step is ``S o e^g + u k^T``). A flushing step forms each state tile in the
+same pass (one read and one write of the state, as in plain decode), adding the ring rows as
+rank-1 terms; their carried keys go over the ring's keys first (the flush ends those rows). The
+ring tiles of the two products die before the V loop and no ``tl.dot`` operand exists, so the
+step fits plain decode's tiles.
 """
 
 from __future__ import annotations
@@ -59,27 +61,14 @@ def _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows):
 
 
 @triton.jit
-def _ring_key_products(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows, k_dec, q_dec):
-    """The factored step's ring terms: ring rows ``j < w`` (``rows``) loaded at once, each row's
-    key carried to this token ``kc_j = k_j o exp(G_w - G_{j+1})`` dotted with ``k_dec`` and
-    ``q_dec`` (``[LP]`` each, 0 at rows ``>= w``), and the checkpoint's decay ``exp(G_w)`` ``[K]``.
-    The tiles die here: nothing of them stays live across the V loop."""
-    carried_k, checkpoint_decay = _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows)
-    return (tl.sum(carried_k * k_dec[None, :], axis=1), tl.sum(carried_k * q_dec[None, :], axis=1),
-            checkpoint_decay)
-
-
-@triton.jit
-def _flushed_tile(S0, checkpoint_decay, rd_base, rk_base, rg_base, s_rd_l, s_rk_l, s_rg_l, w, offs_v, offs_k):
-    """The state tile before this token's decay, ``[BV, K]``, from the checkpoint tile and ring rows
-    ``j < w`` added one rank-1 term at a time (the factored flush: no ``tl.dot`` operands live)."""
-    S = S0 * checkpoint_decay[None, :]
-    after = tl.zeros([128], dtype=tl.float32)
-    for i in range(w):
-        j = w - 1 - i
-        kc = tl.load(rk_base + j * s_rk_l + offs_k) * tl.exp(after)
-        S += tl.load(rd_base + j * s_rd_l + offs_v)[:, None] * kc[None, :]
-        after += tl.load(rg_base + j * s_rg_l + offs_k)
+def _add_ring_rows(S, rd_base, kc_base, s_rd_l, s_kc_l, w, offs_v, offs_k):
+    """``S + sum_{j < w} d_j kc_j^T`` for one ``[BV, K]`` tile: the ring rows' deltas (``rd_base``)
+    times their carried keys (``kc_base``, written by this program before a barrier), one rank-1
+    term per row."""
+    for j in range(w):
+        d = tl.load(rd_base + j * s_rd_l + offs_v)
+        kc = tl.load(kc_base + j * s_kc_l + offs_k)
+        S = tl.fma(d[:, None], kc[None, :], S)
     return S
 
 
@@ -160,16 +149,23 @@ def _decode_kernel(
             rk_base = rk_ptr + slot * s_rk_slot + h64 * s_rk_h
             rg_base = rg_ptr + slot * s_rg_slot + h64 * s_rg_h
             step_decay = tl.exp(g)
+            carried_k, checkpoint_decay = _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows)
             if FACTORED:  # S x = S0 (e^G o x) + D^T (Kc x) for x = e^g o k and e^g o q
                 k_dec = kn * step_decay
                 q_dec = qn * step_decay
-                k_rows, q_rows, checkpoint_decay = _ring_key_products(
-                    rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows, k_dec, q_dec)
+                k_rows = tl.sum(carried_k * k_dec[None, :], axis=1)
+                q_rows = tl.sum(carried_k * q_dec[None, :], axis=1)
                 k_ckpt = k_dec * checkpoint_decay
                 q_ckpt = q_dec * checkpoint_decay
                 kq = tl.sum(kn * qn)
-            else:
-                carried_k, checkpoint_decay = _carried_keys(rk_base, rg_base, s_rk_l, s_rg_l, offs_l, offs_k, rows)
+                total_decay = checkpoint_decay * step_decay  # of the checkpoint, at a flush
+                if flush:
+                    # The flush forms each state tile, which needs every row's key carried past
+                    # this token's decay: they go over the ring's keys (rows < w die with the
+                    # flush, which resets the cursor to 0), read back after the barrier.
+                    tl.store(rk_base + offs_l[:, None] * s_rk_l + offs_k[None, :],
+                             carried_k * step_decay[None, :], mask=rows[:, None])
+                    tl.debug_barrier()
         for iv in range(NV):
             offs_v = iv * BV + tl.arange(0, BV)
             ch_v = 2 * H * KD + h * KD + offs_v
@@ -182,13 +178,15 @@ def _decode_kernel(
             if BUFFERED:
                 d_ptrs = rd_base + offs_l[:, None] * s_rd_l + offs_v[None, :]  # [LP, BV]: rows < w
             if BUFFERED and FACTORED:
-                # row w gets u even when this step flushes (the flush below reads it back; SGLang
-                # reads no row at or past the cursor, which the flush resets to 0)
-                d = tl.load(d_ptrs, mask=rows[:, None], other=0.0)
                 S0 = tl.load(s_ptrs)
+                d = tl.load(d_ptrs, mask=rows[:, None], other=0.0)
                 u = beta * (yv - tl.sum(S0 * k_ckpt[None, :], axis=1) - tl.sum(d * k_rows[:, None], axis=0))
                 o = tl.sum(S0 * q_ckpt[None, :], axis=1) + tl.sum(d * q_rows[:, None], axis=0) + u * kq
-                tl.store(rd_base + w * s_rd_l + offs_v, u)
+                if flush:  # the state after this token, formed: one rank-1 term per ring row
+                    S = _add_ring_rows(S0 * total_decay[None, :], rd_base, rk_base, s_rd_l, s_rk_l, w, offs_v, offs_k)
+                    tl.store(s_ptrs, tl.fma(u[:, None], kn[None, :], S))
+                else:
+                    tl.store(rd_base + w * s_rd_l + offs_v, u)
             elif BUFFERED:
                 S = _ring_state(tl.load(s_ptrs), tl.load(d_ptrs, mask=rows[:, None], other=0.0), carried_k,
                                 checkpoint_decay, step_decay, DOT_PREC)
@@ -205,16 +203,6 @@ def _decode_kernel(
                 tl.store(s_ptrs, S)
                 o = tl.sum(S * qn[None, :], axis=1)
             tl.store(o_base + offs_v, _round_act(o, ACT_BF16).to(out_ty))
-        if BUFFERED and FACTORED:
-            if flush:  # form the state once, in a second pass over the (cached) tiles
-                tl.debug_barrier()  # u of every V-tile stored above before it is read back
-                for iv in range(NV):
-                    offs_v = iv * BV + tl.arange(0, BV)
-                    s_ptrs = s_base + offs_v[:, None] * KD + offs_k[None, :]
-                    S = _flushed_tile(tl.load(s_ptrs), checkpoint_decay, rd_base, rk_base, rg_base,
-                                      s_rd_l, s_rk_l, s_rg_l, w, offs_v, offs_k) * step_decay[None, :]
-                    u = tl.load(rd_base + w * s_rd_l + offs_v)
-                    tl.store(s_ptrs, tl.fma(u[:, None], kn[None, :], S))
         if BUFFERED:
             if not flush:
                 tl.store(rk_base + w * s_rk_l + offs_k, kn)
