@@ -96,6 +96,22 @@ _SPLIT_V = "split_v" in inspect.signature(BK.decode).parameters
 SPLIT_VARIANTS = [(32, 1), (16, 1), (32, 2), (64, 2), (128, 4)] if _SPLIT_V else []
 
 
+# (block_v, num_warps, head_num_warps, pdl) of the two-launch factored step (impl="split",
+# kernels/decode_factored.py): the tile kernel's tile and warps, the head kernel's warps, and
+# whether programmatic dependent launch lets the tile kernel's loads overlap the head kernel
+TWO_LAUNCH = ([(32, 1, 2, True), (16, 1, 2, True), (32, 2, 2, True), (16, 1, 4, True), (64, 4, 4, True),
+               (32, 1, 2, False), (16, 1, 2, False)] if "head_num_warps" in inspect.signature(BK.decode).parameters
+              else [])
+
+
+def two_launch_cfg(v):
+    return dict(impl="split", block_v=v[0], num_warps=v[1], head_num_warps=v[2])
+
+
+def two_launch_name(v):
+    return f"two_launch_{v[0]}x{v[1]}_head{v[2]}" + ("" if v[3] else "_no_pdl")
+
+
 def split_cfg(v):
     return dict(impl="factored", block_v=v[0], num_warps=v[1], split_v=True)
 
@@ -148,6 +164,7 @@ def main():
     # every variant against float64 decode over a flush (bench_kernels' buffered check)
     extra = [(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS]
     extra += [(split_name(v), split_cfg(v)) for v in SPLIT_VARIANTS]
+    extra += [(two_launch_name(v), two_launch_cfg(v)) for v in TWO_LAUNCH if v[3]]
     BK.check_buffered_decode(None, H, extra=extra)
     for (name, _), v in sorted(BK.CHECKS.items()):
         print(f"check {name}: {'ok' if v['ok'] else 'FAIL'} {v}", flush=True)
@@ -184,6 +201,16 @@ def main():
             timed_steps(name, c_, steps)
             timed_steps(name + "_no_flush_steps", c_, range(last))
             timed_steps(name + "_flush_step", c_, [last])
+        for v in TWO_LAUNCH:
+            name = two_launch_name(v)
+            if v[3] and not BK.CHECKS[(name, 1)]["ok"]:
+                print(f"N={N:3d} {name} not timed: check failed", flush=True)
+                continue
+            os.environ["SGLANG_DSPARK_PDL"] = "1" if v[3] else "0"
+            timed_steps(name, two_launch_cfg(v), steps)
+            timed_steps(name + "_no_flush_steps", two_launch_cfg(v), range(last))
+            timed_steps(name + "_flush_step", two_launch_cfg(v), [last])
+            os.environ.pop("SGLANG_DSPARK_PDL")
         if args.stream:
             stream_only(N, H, pool, insts, timed)
         del pool, insts
