@@ -88,6 +88,20 @@ _FLUSH_DOT = "flush_dot" in inspect.signature(BK.decode).parameters
 FLUSH_VARIANTS = [(bv, w, fd, bvf) for bv, w in ((32, 1), (128, 4), (64, 2))
                   for fd, bvf in (("", 32), ("ieee", 16), ("ieee", 32), ("tf32x3", 16)) if fd == "" or _FLUSH_DOT]
 
+# (block_v, num_warps, max_registers): the factored step's tiles with a cap on registers (ptxas
+# .maxnreg: fewer registers, more programs per SM, maybe spills), where decode() takes the cap
+_MAX_REGS = "max_registers" in inspect.signature(BK.decode).parameters
+REG_CAPS = [(bv, w, r) for bv, w in ((32, 1), (16, 1), (32, 2), (64, 4), (128, 4))
+            for r in (None, 128, 168, 192)] if _MAX_REGS else []
+
+
+def reg_cap_cfg(v):
+    return dict(impl="factored", block_v=v[0], num_warps=v[1], max_registers=v[2])
+
+
+def reg_cap_name(v):
+    return f"factored_{v[0]}x{v[1]}_regs{v[2] or 'auto'}"
+
 
 # (block_v, num_warps) of the grid split over V-tiles, with ``git apply
 # benchmarks/next/decode-split-v.patch`` (decode(..., split_v=True): one program per (request,
@@ -165,6 +179,7 @@ def main():
     extra = [(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS]
     extra += [(split_name(v), split_cfg(v)) for v in SPLIT_VARIANTS]
     extra += [(two_launch_name(v), two_launch_cfg(v)) for v in TWO_LAUNCH if v[3]]
+    extra += [(reg_cap_name(v), reg_cap_cfg(v)) for v in REG_CAPS if v[2] in (None, 128)]
     BK.check_buffered_decode(None, H, extra=extra)
     for (name, _), v in sorted(BK.CHECKS.items()):
         print(f"check {name}: {'ok' if v['ok'] else 'FAIL'} {v}", flush=True)
@@ -193,7 +208,7 @@ def main():
         # every step at write_pos 0: no ring row read, no flush (what the ring terms cost)
         timed_steps("buffered_factored_no_ring_rows", dict(impl="factored"), [0])
         last = BK.DECODE_RING - 1  # the flushing step
-        for name, c_ in ([(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS]
+        for name, c_ in ([(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS if _FLUSH_DOT or not REG_CAPS]
                          + [(split_name(v), split_cfg(v)) for v in SPLIT_VARIANTS]):
             if not BK.CHECKS[(name, 1)]["ok"]:
                 print(f"N={N:3d} {name} not timed: check failed", flush=True)
@@ -201,6 +216,11 @@ def main():
             timed_steps(name, c_, steps)
             timed_steps(name + "_no_flush_steps", c_, range(last))
             timed_steps(name + "_flush_step", c_, [last])
+        for v in REG_CAPS:
+            name = reg_cap_name(v)
+            timed_steps(name, reg_cap_cfg(v), steps)
+            timed_steps(name + "_no_flush_steps", reg_cap_cfg(v), range(last))
+            timed_steps(name + "_flush_step", reg_cap_cfg(v), [last])
         for v in TWO_LAUNCH:
             name = two_launch_name(v)
             if v[3] and not BK.CHECKS[(name, 1)]["ok"]:

@@ -159,35 +159,50 @@ def _decode_kernel(
                 q_ckpt = q_dec * checkpoint_decay
                 kq = tl.sum(kn * qn)
                 total_decay = checkpoint_decay * step_decay  # of the checkpoint, at a flush
+                # u = beta v - S (e^g o k) beta: beta goes into the key products, and beta v of
+                # the whole head (its conv, once) into this token's ring row, which the V loop
+                # reads tile by tile and overwrites with u (V-vectors cost a thread one register
+                # per row of the tile: one load per tile instead of the conv's nine)
+                kb_ckpt = k_ckpt * beta
+                kb_rows = k_rows * beta
+                v0_all = tl.load(cbase + ch_v_all).to(tl.float32)
+                wv0, wv1, wv2, wv3 = _load_conv_weights(w_ptr, ch_v_all, s_w)
+                yv_all = _round_act(_conv_silu(v0_all, v1_all.to(tl.float32), v2_all.to(tl.float32),
+                                               xv_all.to(tl.float32), wv0, wv1, wv2, wv3), ACT_BF16)
+                tl.store(rd_base + w * s_rd_l + offs_k, beta * yv_all)
                 if flush:
                     # The flush forms each state tile, which needs every row's key carried past
                     # this token's decay: they go over the ring's keys (rows < w die with the
                     # flush, which resets the cursor to 0), read back after the barrier.
                     tl.store(rk_base + offs_l[:, None] * s_rk_l + offs_k[None, :],
                              carried_k * step_decay[None, :], mask=rows[:, None])
-                    tl.debug_barrier()
+                tl.debug_barrier()
         for iv in range(NV):
             offs_v = iv * BV + tl.arange(0, BV)
-            ch_v = 2 * H * KD + h * KD + offs_v
-            v0, v1, v2 = _load_conv_window(cbase, ch_v, s_conv_row)
-            xv = tl.load(v_ptr + tok * s_v_t + h64 * s_v_h + offs_v).to(tl.float32)
-            wv0, wv1, wv2, wv3 = _load_conv_weights(w_ptr, ch_v, s_w)
-            yv = _round_act(_conv_silu(v0, v1, v2, xv, wv0, wv1, wv2, wv3), ACT_BF16)
-
             s_ptrs = s_base + offs_v[:, None] * KD + offs_k[None, :]
             if BUFFERED:
                 d_ptrs = rd_base + offs_l[:, None] * s_rd_l + offs_v[None, :]  # [LP, BV]: rows < w
             if BUFFERED and FACTORED:
                 S0 = tl.load(s_ptrs)
                 d = tl.load(d_ptrs, mask=rows[:, None], other=0.0)
-                u = beta * (yv - tl.sum(S0 * k_ckpt[None, :], axis=1) - tl.sum(d * k_rows[:, None], axis=0))
+                bv_ = tl.load(rd_base + w * s_rd_l + offs_v)  # beta v (prologue)
+                u = bv_ - tl.sum(S0 * kb_ckpt[None, :], axis=1) - tl.sum(d * kb_rows[:, None], axis=0)
                 o = tl.sum(S0 * q_ckpt[None, :], axis=1) + tl.sum(d * q_rows[:, None], axis=0) + u * kq
                 if flush:  # the state after this token, formed: one rank-1 term per ring row
-                    S = _add_ring_rows(S0 * total_decay[None, :], rd_base, rk_base, s_rd_l, s_rk_l, w, offs_v, offs_k)
+                    # (the tile read again, from cache: S0 kept live to here costs every step registers)
+                    S = _add_ring_rows(tl.load(s_ptrs) * total_decay[None, :], rd_base, rk_base, s_rd_l, s_rk_l, w,
+                                       offs_v, offs_k)
                     tl.store(s_ptrs, tl.fma(u[:, None], kn[None, :], S))
                 else:
+                    tl.debug_barrier()  # every thread has read its beta v before u replaces it
                     tl.store(rd_base + w * s_rd_l + offs_v, u)
-            elif BUFFERED:
+            else:
+                ch_v = 2 * H * KD + h * KD + offs_v
+                v0, v1, v2 = _load_conv_window(cbase, ch_v, s_conv_row)
+                xv = tl.load(v_ptr + tok * s_v_t + h64 * s_v_h + offs_v).to(tl.float32)
+                wv0, wv1, wv2, wv3 = _load_conv_weights(w_ptr, ch_v, s_w)
+                yv = _round_act(_conv_silu(v0, v1, v2, xv, wv0, wv1, wv2, wv3), ACT_BF16)
+            if BUFFERED and not FACTORED:
                 S = _ring_state(tl.load(s_ptrs), tl.load(d_ptrs, mask=rows[:, None], other=0.0), carried_k,
                                 checkpoint_decay, step_decay, DOT_PREC)
                 # the step of _delta_step, keeping its corrected delta u for the ring
@@ -198,7 +213,7 @@ def _decode_kernel(
                 else:
                     tl.store(rd_base + w * s_rd_l + offs_v, u)
                 o = tl.sum(S * qn[None, :], axis=1)
-            else:
+            if not BUFFERED:
                 S = _delta_step(tl.load(s_ptrs), kn, g, beta, yv)
                 tl.store(s_ptrs, S)
                 o = tl.sum(S * qn[None, :], axis=1)
@@ -230,7 +245,7 @@ def decode(
     ring_d: Optional[torch.Tensor] = None, ring_k: Optional[torch.Tensor] = None,
     ring_g: Optional[torch.Tensor] = None, write_pos: Optional[torch.Tensor] = None,
     force_flush: Optional[torch.Tensor] = None,
-    block_v: Optional[int] = None, num_warps: Optional[int] = None,
+    block_v: Optional[int] = None, num_warps: Optional[int] = None, max_registers: Optional[int] = None,
     impl: Optional[str] = None, dot_precision: str = "tf32x3",
 ) -> torch.Tensor:
     """KDA decode step for B requests of one token each; updates the conv state in place and the
@@ -266,10 +281,11 @@ def decode(
         ``write_pos == L - 1`` the step flushes: the new state goes to ``ssm_state``.
     force_flush : torch.Tensor, optional
         ``[B]`` int32, nonzero = flush this step whatever ``write_pos`` (SGLang's radix track).
-    block_v, num_warps : int, optional
+    block_v, num_warps, max_registers : int, optional
         Tuning knobs (defaults from :mod:`.launch_config`, keyed on H and N): V-tile rows per loop
-        step (power of two dividing 128; 128 = the whole state tile at once; >= 16 when buffered)
-        and warps.
+        step (power of two dividing 128; 128 = the whole state tile at once; >= 16 when buffered),
+        warps, and a cap on registers per thread (ptxas ``.maxnreg``; None = the compiler's choice),
+        which trades spills for programs per SM.
     impl : str, optional
         ``None`` / ``"auto"`` / ``"rows"``: the recurrent ``[block_v, 128]`` kernel, which forms the
         state every step. ``"factored"`` (buffered only; the backend's default in SGLang's decode
@@ -318,6 +334,8 @@ def decode(
         raise V.dspark_error(V.E_BLOCK_V, "block_v", expected="block_v >= 16 in buffered decode (tl.dot tile)",
                              got=f"block_v = {BV}", fix="leave block_v=None")
     warps = num_warps or cfg["num_warps"]
+    max_registers = max_registers or cfg.get("max_registers")
+    regs = {} if max_registers is None else dict(maxnreg=int(max_registers))
     V.check_impl(impl, (None, "auto", "rows", "factored"))
     if factored and not L:
         raise V.dspark_error(V.E_IMPL, "impl", expected="impl='factored' only with the decode ring (ring_d, ...)",
@@ -339,6 +357,6 @@ def decode(
         BV=BV, ACT_BF16=act == torch.bfloat16, USE_LB=lower_bound is not None,
         BUFFERED=bool(L), LP=max(16, triton.next_power_of_2(max(L, 1))),
         HAS_FORCE_FLUSH=bool(L) and force_flush is not None, DOT_PREC=dot_precision, FACTORED=factored,
-        num_warps=warps, **LC.pdl_kwargs(dev),
+        num_warps=warps, **LC.pdl_kwargs(dev), **regs,
     )
     return out
