@@ -88,19 +88,20 @@ _FLUSH_DOT = "flush_dot" in inspect.signature(BK.decode).parameters
 FLUSH_VARIANTS = [(bv, w, fd, bvf) for bv, w in ((32, 1), (128, 4), (64, 2))
                   for fd, bvf in (("", 32), ("ieee", 16), ("ieee", 32), ("tf32x3", 16)) if fd == "" or _FLUSH_DOT]
 
-# (block_v, num_warps, max_registers): the factored step's tiles with a cap on registers (ptxas
-# .maxnreg: fewer registers, more programs per SM, maybe spills), where decode() takes the cap
-_MAX_REGS = "max_registers" in inspect.signature(BK.decode).parameters
-REG_CAPS = [(bv, w, r) for bv, w in ((32, 1), (16, 1), (32, 2), (64, 4), (128, 4))
-            for r in (None, 128, 168, 192)] if _MAX_REGS else []
+# (block_v, num_warps, max_registers, prefetch): the factored step's tiles with a cap on registers
+# (ptxas .maxnreg: fewer registers, more programs per SM, maybe spills) and with the next state
+# tile loaded while this one is computed (the first during the prologue), where decode() takes them
+_KNOBS = {"max_registers", "prefetch"} <= set(inspect.signature(BK.decode).parameters)
+REG_CAPS = ([(bv, w, None, True) for bv, w in ((32, 1), (16, 1), (32, 2), (64, 4), (64, 2))]
+            + [(16, 1, 192, True), (32, 2, 192, True)]) if _KNOBS else []
 
 
 def reg_cap_cfg(v):
-    return dict(impl="factored", block_v=v[0], num_warps=v[1], max_registers=v[2])
+    return dict(impl="factored", block_v=v[0], num_warps=v[1], max_registers=v[2], prefetch=v[3])
 
 
 def reg_cap_name(v):
-    return f"factored_{v[0]}x{v[1]}_regs{v[2] or 'auto'}"
+    return f"factored_{v[0]}x{v[1]}_regs{v[2] or 'auto'}" + ("_prefetch" if v[3] else "")
 
 
 # (block_v, num_warps) of the grid split over V-tiles, with ``git apply
@@ -179,7 +180,7 @@ def main():
     extra = [(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS]
     extra += [(split_name(v), split_cfg(v)) for v in SPLIT_VARIANTS]
     extra += [(two_launch_name(v), two_launch_cfg(v)) for v in TWO_LAUNCH if v[3]]
-    extra += [(reg_cap_name(v), reg_cap_cfg(v)) for v in REG_CAPS if v[2] in (None, 128)]
+    extra += [(reg_cap_name(v), reg_cap_cfg(v)) for v in REG_CAPS if v[2] is None]
     BK.check_buffered_decode(None, H, extra=extra)
     for (name, _), v in sorted(BK.CHECKS.items()):
         print(f"check {name}: {'ok' if v['ok'] else 'FAIL'} {v}", flush=True)

@@ -245,7 +245,7 @@ def decode(
     ring_d: Optional[torch.Tensor] = None, ring_k: Optional[torch.Tensor] = None,
     ring_g: Optional[torch.Tensor] = None, write_pos: Optional[torch.Tensor] = None,
     force_flush: Optional[torch.Tensor] = None,
-    block_v: Optional[int] = None, num_warps: Optional[int] = None, max_registers: Optional[int] = None,
+    block_v: Optional[int] = None, num_warps: Optional[int] = None,
     impl: Optional[str] = None, dot_precision: str = "tf32x3",
 ) -> torch.Tensor:
     """KDA decode step for B requests of one token each; updates the conv state in place and the
@@ -281,11 +281,10 @@ def decode(
         ``write_pos == L - 1`` the step flushes: the new state goes to ``ssm_state``.
     force_flush : torch.Tensor, optional
         ``[B]`` int32, nonzero = flush this step whatever ``write_pos`` (SGLang's radix track).
-    block_v, num_warps, max_registers : int, optional
+    block_v, num_warps : int, optional
         Tuning knobs (defaults from :mod:`.launch_config`, keyed on H and N): V-tile rows per loop
-        step (power of two dividing 128; 128 = the whole state tile at once; >= 16 when buffered),
-        warps, and a cap on registers per thread (ptxas ``.maxnreg``; None = the compiler's choice),
-        which trades spills for programs per SM.
+        step (power of two dividing 128; 128 = the whole state tile at once; >= 16 when buffered)
+        and warps.
     impl : str, optional
         ``None`` / ``"auto"`` / ``"rows"``: the recurrent ``[block_v, 128]`` kernel, which forms the
         state every step. ``"factored"`` (buffered only; the backend's default in SGLang's decode
@@ -334,8 +333,6 @@ def decode(
         raise V.dspark_error(V.E_BLOCK_V, "block_v", expected="block_v >= 16 in buffered decode (tl.dot tile)",
                              got=f"block_v = {BV}", fix="leave block_v=None")
     warps = num_warps or cfg["num_warps"]
-    max_registers = max_registers or cfg.get("max_registers")
-    regs = {} if max_registers is None else dict(maxnreg=int(max_registers))
     V.check_impl(impl, (None, "auto", "rows", "factored"))
     if factored and not L:
         raise V.dspark_error(V.E_IMPL, "impl", expected="impl='factored' only with the decode ring (ring_d, ...)",
@@ -357,6 +354,6 @@ def decode(
         BV=BV, ACT_BF16=act == torch.bfloat16, USE_LB=lower_bound is not None,
         BUFFERED=bool(L), LP=max(16, triton.next_power_of_2(max(L, 1))),
         HAS_FORCE_FLUSH=bool(L) and force_flush is not None, DOT_PREC=dot_precision, FACTORED=factored,
-        num_warps=warps, **LC.pdl_kwargs(dev), **regs,
+        num_warps=warps, **LC.pdl_kwargs(dev),
     )
     return out
