@@ -102,8 +102,8 @@ def decode(H: int, N: int, buffered: bool = False, factored: bool = False) -> di
     those tried that compiles for sm_90 without spills (the ring's 16 x 128 carried keys and the
     ``tl.dot`` operands stay live across the V loop; 1 warp spills 976 B, 128 rows 456 B:
     ``benchmarks/sass_report.py decode --buffered``). The factored buffered step (``impl="factored"``)
-    keeps no ring tile live across the V loop and has no ``tl.dot`` (217 registers at 1 warp, no
-    spills): the whole tile with 4 warps while N*H <= 256, 32-row tiles with 1 warp above (H200
+    keeps no ring tile live across the V loop and has no ``tl.dot`` (no spills at 1 warp):
+    the whole tile with 4 warps while N*H <= 256, 32-row tiles with 1 warp above (H200
     sweep of 7 tiles at N = 8, 32, 64, 256, H=32: docs/lazy-flush.md, twenty-fourth session)."""
     if interpreting():
         return dict(block_v=32, num_warps=4)
