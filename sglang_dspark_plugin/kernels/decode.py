@@ -25,11 +25,12 @@ times two vectors (after this token's decay ``e^g``), ``S x = S0 (e^G o x) + D^T
 
     u = beta (v - S (e^g o k)),   o = S (e^g o q) + u (k . q)
 
-(the state after the step is ``S o e^g + u k^T``). A flushing step forms each state tile in the
-same pass (one read and one write of the state, as in plain decode), adding the ring rows as
-rank-1 terms; their carried keys go over the ring's keys first (the flush ends those rows). The
-ring tiles of the two products die before the V loop and no ``tl.dot`` operand exists, so the
-step fits plain decode's tiles.
+(the state after the step is ``S o e^g + u k^T``). The v conv runs once per head, before the V
+loop; ``beta v`` goes through this token's ring row, which each V-tile reads and overwrites with
+its ``u``. A flushing step forms each state tile in the same pass (one read and one write of the
+state, as in plain decode), adding the ring rows as rank-1 terms; their carried keys go over the
+ring's keys first (the flush ends those rows). The ring tiles of the two products die before the
+V loop and no ``tl.dot`` operand exists, so the step fits plain decode's tiles.
 """
 
 from __future__ import annotations
@@ -274,7 +275,9 @@ def decode(
         Buffered decode (``--enable-linear-replayssm``): the layer's decode rings
         ``[slots, H, L, 128]`` fp32 (SGLang's ``replayssm_d`` / ``replayssm_k`` / ``replayssm_g``):
         per ring row, corrected delta ``d`` (over V), normalised key and log-gate (over K). Rows
-        ``< write_pos`` are read; row ``write_pos`` is written unless this step flushes.
+        ``< write_pos`` are read; row ``write_pos`` is written unless this step flushes (the
+        factored step also uses row ``write_pos`` and, at a flush, the key rows before it as
+        scratch: SGLang reads no row at or past the cursor, which a flush resets to 0).
     write_pos : torch.Tensor, optional
         ``[B]`` int32, SGLang's per-request snapshot of the ring cursor for this step (rows
         already buffered, ``0 .. L-1``); ``ssm_state[slot]`` is that many tokens old. At
