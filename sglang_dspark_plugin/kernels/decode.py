@@ -160,10 +160,10 @@ def _decode_kernel(
                 q_ckpt = q_dec * checkpoint_decay
                 kq = tl.sum(kn * qn)
                 total_decay = checkpoint_decay * step_decay  # of the checkpoint, at a flush
-                # u = beta v - S (e^g o k) beta: beta goes into the key products, and beta v of
+                # u = beta v - beta S (e^g o k): beta goes into the key products, and beta v of
                 # the whole head (its conv, once) into this token's ring row, which the V loop
-                # reads tile by tile and overwrites with u (V-vectors cost a thread one register
-                # per row of the tile: one load per tile instead of the conv's nine)
+                # reads tile by tile and overwrites with u (one load per tile instead of the
+                # conv's nine)
                 kb_ckpt = k_ckpt * beta
                 kb_rows = k_rows * beta
                 v0_all = tl.load(cbase + ch_v_all).to(tl.float32)
