@@ -8,7 +8,12 @@ paid, R slot sets so the state does not sit in L2):
    factored step at three tiles, each over a ring (flushes paid), over the non-flushing steps only and over the flushing
    step only; with ``benchmarks/next/decode-flush-dot.patch`` applied also its flush pass as one
    ``tl.dot`` per tile (three precisions / tile heights); with
-   ``benchmarks/next/decode-split-v.patch`` the grid split over V-tiles at five tiles;
+   ``benchmarks/next/decode-split-v.patch`` the grid split over V-tiles at five tiles (both
+   patches apply to 01b89db, before the flush moved into the step's pass); with
+   ``benchmarks/next/decode-two-launch.patch`` the step in two launches (a per-head kernel and a
+   state-tile kernel) at seven tiles / PDL settings; with
+   ``benchmarks/next/decode-prefetch-regcap.patch`` register caps and a prefetch of the next
+   state tile;
 2. with ``--stream``, minimal kernels with the factored step's state access and nothing else
    (two row sums of the checkpoint tile per V-tile, one ``[V]`` store): the ceiling of that
    structure, per layout and grid (the same grid, a grid split over V-tiles, K split into chunks
@@ -17,7 +22,7 @@ paid, R slot sets so the state does not sit in L2):
 
     python3 benchmarks/probe_decode_factored.py [--N 8,32,64,256] [--rep 30] [--stream]
 
-Runs: docs/lazy-flush.md, twenty-fourth session.
+Runs: docs/lazy-flush.md, twenty-fourth and twenty-fifth sessions.
 
 Prints one line per timing and writes ``probe_decode_factored.json`` to ``$OUT`` (or ./out).
 """
