@@ -97,15 +97,15 @@ FLUSH_VARIANTS = [(bv, w, fd, bvf) for bv, w in ((32, 1), (128, 4), (64, 2))
 # (ptxas .maxnreg: fewer registers, more programs per SM, maybe spills) and with the next state
 # tile loaded while this one is computed (the first during the prologue), where decode() takes them
 _KNOBS = {"max_registers", "prefetch"} <= set(inspect.signature(BK.decode).parameters)
-REG_CAPS = ([(bv, w, None, True) for bv, w in ((32, 1), (16, 1), (32, 2), (64, 4), (64, 2))]
+KNOB_VARIANTS = ([(bv, w, None, True) for bv, w in ((32, 1), (16, 1), (32, 2), (64, 4), (64, 2))]
             + [(16, 1, 192, True), (32, 2, 192, True)]) if _KNOBS else []
 
 
-def reg_cap_cfg(v):
+def knob_cfg(v):
     return dict(impl="factored", block_v=v[0], num_warps=v[1], max_registers=v[2], prefetch=v[3])
 
 
-def reg_cap_name(v):
+def knob_name(v):
     return f"factored_{v[0]}x{v[1]}_regs{v[2] or 'auto'}" + ("_prefetch" if v[3] else "")
 
 
@@ -185,7 +185,7 @@ def main():
     extra = [(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS]
     extra += [(split_name(v), split_cfg(v)) for v in SPLIT_VARIANTS]
     extra += [(two_launch_name(v), two_launch_cfg(v)) for v in TWO_LAUNCH if v[3]]
-    extra += [(reg_cap_name(v), reg_cap_cfg(v)) for v in REG_CAPS if v[2] is None]
+    extra += [(knob_name(v), knob_cfg(v)) for v in KNOB_VARIANTS if v[2] is None]
     BK.check_buffered_decode(None, H, extra=extra)
     for (name, _), v in sorted(BK.CHECKS.items()):
         print(f"check {name}: {'ok' if v['ok'] else 'FAIL'} {v}", flush=True)
@@ -214,28 +214,27 @@ def main():
         # every step at write_pos 0: no ring row read, no flush (what the ring terms cost)
         timed_steps("buffered_factored_no_ring_rows", dict(impl="factored"), [0])
         last = BK.DECODE_RING - 1  # the flushing step
-        for name, c_ in ([(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS if _FLUSH_DOT or not REG_CAPS]
-                         + [(split_name(v), split_cfg(v)) for v in SPLIT_VARIANTS]):
-            if not BK.CHECKS[(name, 1)]["ok"]:
+
+        def timed_ring(name, cfg):
+            """``cfg`` over the ring, its non-flushing steps and its flushing step, where it passed
+            the float64 check (variants not in the check list are timed as they are)."""
+            if (name, 1) in BK.CHECKS and not BK.CHECKS[(name, 1)]["ok"]:
                 print(f"N={N:3d} {name} not timed: check failed", flush=True)
-                continue
-            timed_steps(name, c_, steps)
-            timed_steps(name + "_no_flush_steps", c_, range(last))
-            timed_steps(name + "_flush_step", c_, [last])
-        for v in REG_CAPS:
-            name = reg_cap_name(v)
-            timed_steps(name, reg_cap_cfg(v), steps)
-            timed_steps(name + "_no_flush_steps", reg_cap_cfg(v), range(last))
-            timed_steps(name + "_flush_step", reg_cap_cfg(v), [last])
+                return
+            timed_steps(name, cfg, steps)
+            timed_steps(name + "_no_flush_steps", cfg, range(last))
+            timed_steps(name + "_flush_step", cfg, [last])
+
+        # (the flush variants' three tiles without the flush-dot patch are the knob variants' too)
+        for v in FLUSH_VARIANTS if _FLUSH_DOT or not KNOB_VARIANTS else []:
+            timed_ring(variant_name(v), variant_cfg(v))
+        for v in SPLIT_VARIANTS:
+            timed_ring(split_name(v), split_cfg(v))
+        for v in KNOB_VARIANTS:
+            timed_ring(knob_name(v), knob_cfg(v))
         for v in TWO_LAUNCH:
-            name = two_launch_name(v)
-            if v[3] and not BK.CHECKS[(name, 1)]["ok"]:
-                print(f"N={N:3d} {name} not timed: check failed", flush=True)
-                continue
             os.environ["SGLANG_DSPARK_PDL"] = "1" if v[3] else "0"
-            timed_steps(name, two_launch_cfg(v), steps)
-            timed_steps(name + "_no_flush_steps", two_launch_cfg(v), range(last))
-            timed_steps(name + "_flush_step", two_launch_cfg(v), [last])
+            timed_ring(two_launch_name(v), two_launch_cfg(v))
             os.environ.pop("SGLANG_DSPARK_PDL")
         if args.stream:
             stream_only(N, H, pool, insts, timed)
