@@ -10,7 +10,6 @@ answered here before spending device time (docs/benchmarks.md, fourth session)::
     python3 benchmarks/sass_report.py fold --block-v 16 --warps 1 --lines 15
     python3 benchmarks/sass_report.py decode --buffered --block-v 32 --warps 1
     python3 benchmarks/sass_report.py commit --T 4
-    python3 benchmarks/sass_report.py verify-fused --T 8 --lazy --block-v 32 --warps 4
 
 Counts are static (instructions in the binary, loop bodies once): compare variants of one kernel,
 not kernels with each other.
@@ -30,7 +29,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from sglang_dspark_plugin.kernels import mtp_verify_chunked, mtp_verify_fused, record_ring
+from sglang_dspark_plugin.kernels import mtp_verify_chunked, record_ring
 
 # the package exports the wrapper functions under the modules' names
 replayssm_fold = importlib.import_module("sglang_dspark_plugin.kernels.replayssm_fold")
@@ -115,12 +114,11 @@ def loads_after_first_store(order: str) -> int:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=("verify-prep", "verify-finish", "verify-stream", "verify-fused", "fold",
-                                       "materialize", "commit", "decode"))
+    ap.add_argument("kernel", choices=("verify-prep", "verify-finish", "verify-stream", "fold", "materialize", "commit",
+                                       "decode"))
     ap.add_argument("--T", type=int, default=4, help="window length 1 + num_spec")
     ap.add_argument("--block-k", type=int, default=None, help="prep: channels per program; stream: K-chunk")
-    ap.add_argument("--block-v", type=int, default=None, help="stream (128) / fold (16) / fused (32): V rows per "
-                    "program or loop step")
+    ap.add_argument("--block-v", type=int, default=None, help="stream (128) / fold (16): V rows per program")
     ap.add_argument("--prep-block-k", type=int, default=64, help="stream: the prep's chunk (number of partials)")
     ap.add_argument("--finish", action="store_true", help="stream: the variant after the finish kernel")
     ap.add_argument("--lazy", action="store_true", help="verify kernels: the lazy record ring's variant "
@@ -153,9 +151,6 @@ def main(argv=None) -> dict:
     elif a.kernel == "verify-prep":
         fn, warps = mtp_verify_chunked._verify_prep_kernel, a.warps or 1
         const = dict(common, BK=a.block_k or 64, USE_LB=True, **lazy)
-    elif a.kernel == "verify-fused":
-        fn, warps = mtp_verify_fused._verify_fused_kernel, a.warps or 4
-        const = dict(common, BV=a.block_v or 32, USE_LB=True, DOT_PREC="tf32x3", SPLIT_D=a.lazy, **lazy)
     elif a.kernel == "verify-finish":
         fn, warps = mtp_verify_chunked._verify_finish_kernel, a.warps or 4
         const = dict(STEPS=a.T, TP=TP, NC=128 // a.prep_block_k, USE_PDL=False, LAZY=a.lazy)

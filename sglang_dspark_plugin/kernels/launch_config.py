@@ -52,8 +52,6 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None, lazy: bo
     with its 16-wide epilogue products it needs 254 registers with 2 (``benchmarks/sass_report.py
     --lazy``, 8-token windows; 147 with 4). Such windows keep the lazy ring off by default: its step
     is still slower there than verify + fold (docs/lazy-flush.md)."""
-    if impl == "fused":
-        return dict(impl="fused", block_v=128 if interpreting() else 32, num_warps=4)
     if lazy:
         cfg = verify_ring(H, N, steps, "chunked")
         return dict(cfg, num_warps=4) if cfg["finish"] else cfg

@@ -27,7 +27,6 @@ from . import validation as V
 from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _load_conv_window,
                      _pdl_enter, _round_act, _sigmoid)
 from .mtp_verify_chunked import launch_verify_ring_chunked
-from .mtp_verify_fused import launch_verify_ring_fused
 from .reference import default_scale
 
 
@@ -453,9 +452,9 @@ def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[st
     tokens per request: the launch table's choice (:mod:`.launch_config`), with the knobs the caller
     set (same meaning as in :func:`mtp_verify`) taking precedence. Raises E121-E123 for bad knobs.
     ``lazy``: the lazy record ring (``record_cursor`` given), which only the chunked kernels keep."""
-    V.check_impl(impl, (None, "auto", "chunked", "fused", "rows"))
+    V.check_impl(impl, (None, "auto", "chunked", "rows"))
     if lazy and impl == "rows":
-        raise V.dspark_error(V.E_IMPL, "impl", expected="chunked, fused or None (the lazy record ring's kernels)",
+        raise V.dspark_error(V.E_IMPL, "impl", expected="chunked or None (the lazy record ring's only kernels)",
                              got="impl = 'rows'", fix="leave impl=None with record_cursor")
     # snapshot mode always runs the recurrent kernel: the chunked form computes outputs only
     cfg = (LC.verify_ring(H, N, steps, None if impl == "auto" else impl, lazy=lazy) if ring
@@ -463,9 +462,6 @@ def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[st
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
     warps = num_warps or cfg["num_warps"]
     stages = num_stages if num_stages is not None else cfg.get("num_stages")
-    if cfg["impl"] == "fused":
-        return VerifyPlan(impl="fused", block_v=max(16, BV), num_warps=warps, num_stages=stages,  # tl.dot: >= 16
-                          dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"))
     if cfg["impl"] != "chunked":
         return VerifyPlan(impl="rows", block_v=BV, num_warps=warps, num_stages=stages)
     BK = V.check_block_k(block_k if block_k is not None else cfg["block_k"])
@@ -485,18 +481,6 @@ def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, s
             cu_seqlens, intermediate_conv, intermediate_rows, intermediate_ssm, rings, record_cursor=None) -> None:
     """Launch the planned kernel(s) on validated arguments."""
     dev = q.device
-    if plan.impl == "fused":
-        ring_rawv, ring_rawk, ring_g, ring_beta = rings
-        launch_verify_ring_fused(
-            q, k, v, a, b, out, conv_weight=conv_weight, A_flat=c.A_flat, dt_flat=c.dt_flat,
-            lower_bound=c.lower_bound, scale=c.scale, ssm_state=ssm_state, conv_state=conv_state,
-            slot_indices=slot_indices, cu_seqlens=cu_seqlens, intermediate_conv=intermediate_conv,
-            intermediate_rows=intermediate_rows, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
-            ring_beta=ring_beta, N=c.N, T=c.T, H=c.H, steps=c.steps, act_bf16=c.act == torch.bfloat16,
-            block_v=plan.block_v, num_warps=plan.num_warps, num_stages=plan.num_stages,
-            dot_precision=plan.dot_precision, pdl_kwargs=LC.pdl_kwargs(dev), record_cursor=record_cursor,
-            ring_delta=c.delta)
-        return
     if plan.impl == "chunked":
         ring_rawv, ring_rawk, ring_g, ring_beta = rings
         launch_verify_ring_chunked(
