@@ -209,20 +209,14 @@ def _conv_outputs(x3, x2, x1, x0, w0, w1, w2, w3, ch, icw_base, s_icw_win, m_liv
     return y
 
 
-@triton.jit(do_not_specialize=["H", "s_b_t", "s_b_h", "s_rb_slot", "s_rb_h", "s_rb_t"])
-def _verify_prep_kernel(
-    q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr, dt_bias_ptr,
-    conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr,
-    rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr,
-    cur_ptr, wb_ptr, wr_ptr, wc_ptr, ring_len,
-    H, lower_bound,
-    s_q_t, s_q_h, s_k_t, s_k_h, s_a_t, s_a_h, s_b_t, s_b_h,
-    s_w, s_conv_slot, s_conv_row,
-    s_icw_row, s_icw_step, s_icw_win,
-    s_rk_slot, s_rk_h, s_rk_t, s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t,
-    STEPS: tl.constexpr, TP: tl.constexpr, BK: tl.constexpr,
-    ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, USE_PDL: tl.constexpr = False,
-    LAZY: tl.constexpr = False, LP: tl.constexpr = 16,
+@triton.jit
+def _verify_prep(
+    n, h, ci, q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr, dt_bias_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr,
+    irow_ptr, rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, cur_ptr, wb_ptr, wr_ptr, wc_ptr, ring_len, H,
+    lower_bound, s_q_t, s_q_h, s_k_t, s_k_h, s_a_t, s_a_h, s_b_t, s_b_h, s_w, s_conv_slot, s_conv_row,
+    s_icw_row, s_icw_step, s_icw_win, s_rk_slot, s_rk_h, s_rk_t, s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h,
+    s_rb_t, STEPS: tl.constexpr, TP: tl.constexpr, BK: tl.constexpr, ACT_BF16: tl.constexpr,
+    USE_LB: tl.constexpr, LAZY: tl.constexpr, LP: tl.constexpr,
 ):
     """Program (n, h, c): everything of the window that does not touch the state, for the q/k
     channels of chunk ``c`` (``BK`` of them; ``NC = 128 / BK`` chunks per head).
@@ -241,10 +235,6 @@ def _verify_prep_kernel(
     ``wb[n, h]`` (the beta ring keeps the records' key-norm reciprocals), and this program also
     leaves the pending records' carried keys of its channels in ``wr[n, h, :p, chunk]`` and the
     checkpoint decay in ``wc[n, h, chunk]`` (:func:`_carried_keys`) for the streaming kernel."""
-    _pdl_enter(USE_PDL)
-    n = tl.program_id(0)
-    h = tl.program_id(1)
-    ci = tl.program_id(2)
     KD: tl.constexpr = 128
     NC: tl.constexpr = KD // BK
     offs_t = tl.arange(0, TP)
@@ -317,6 +307,34 @@ def _verify_prep_kernel(
                          mask=live)
 
 
+@triton.jit(do_not_specialize=["H", "s_b_t", "s_b_h", "s_rb_slot", "s_rb_h", "s_rb_t"])
+def _verify_prep_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr, dt_bias_ptr,
+    conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr,
+    rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr,
+    cur_ptr, wb_ptr, wr_ptr, wc_ptr, ring_len,
+    H, lower_bound,
+    s_q_t, s_q_h, s_k_t, s_k_h, s_a_t, s_a_h, s_b_t, s_b_h,
+    s_w, s_conv_slot, s_conv_row,
+    s_icw_row, s_icw_step, s_icw_win,
+    s_rk_slot, s_rk_h, s_rk_t, s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t,
+    STEPS: tl.constexpr, TP: tl.constexpr, BK: tl.constexpr,
+    ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, USE_PDL: tl.constexpr = False,
+    LAZY: tl.constexpr = False, LP: tl.constexpr = 16,
+):
+    """Program (n, h, ci): :func:`_verify_prep`."""
+    _pdl_enter(USE_PDL)
+    _verify_prep(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr,
+        dt_bias_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr,
+        wss_ptr, cur_ptr, wb_ptr, wr_ptr, wc_ptr, ring_len, H, lower_bound, s_q_t, s_q_h, s_k_t, s_k_h, s_a_t,
+        s_a_h, s_b_t, s_b_h, s_w, s_conv_slot, s_conv_row, s_icw_row, s_icw_step, s_icw_win, s_rk_slot, s_rk_h,
+        s_rk_t, s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t, STEPS, TP, BK, ACT_BF16, USE_LB, LAZY,
+        LP,
+    )
+
+
+
 @triton.jit(do_not_specialize=["H", "s_rb_slot", "s_rb_h", "s_rb_t"])
 def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_ptr, cur_ptr, wb_ptr, ring_len, H, scale,
                           s_rb_slot, s_rb_h, s_rb_t,
@@ -360,18 +378,15 @@ def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_
         tl.store(ws_q, W)
 
 
-@triton.jit(do_not_specialize=["N", "T", "H", "s_rv_slot", "s_rv_h", "s_rv_t", "s_rb_slot", "s_rb_h", "s_rb_t"])
-def _verify_stream_kernel(
-    v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr,
-    ws_ptr, wp_ptr, wss_ptr, pp_ptr,
-    cur_ptr, wb_ptr, wr_ptr, wc_ptr, rd_hi_ptr, rd_lo_ptr, ring_len,
-    N, T, H, scale,
-    s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row,
-    s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_rb_slot, s_rb_h, s_rb_t,
-    s_rd_slot, s_rd_h, s_rd_t,
+@triton.jit
+def _verify_stream(
+    iv, n, h, v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr,
+    ws_ptr, wp_ptr, wss_ptr, pp_ptr, cur_ptr, wb_ptr, wr_ptr, wc_ptr, rd_hi_ptr, rd_lo_ptr, ring_len, N, T, H,
+    scale, s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row, s_icw_row, s_icw_step,
+    s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_rb_slot, s_rb_h, s_rb_t, s_rd_slot, s_rd_h, s_rd_t,
     STEPS: tl.constexpr, TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
-    FINISHED: tl.constexpr, ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
-    LAZY: tl.constexpr = False, LP: tl.constexpr = 16, SPLIT_D: tl.constexpr = False,
+    FINISHED: tl.constexpr, ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, LAZY: tl.constexpr,
+    LP: tl.constexpr, SPLIT_D: tl.constexpr,
 ):
     """Program (iv, n, h): stream the state tile ``[BV, 128]`` through ``tl.dot``, do the V-tile's
     v conv (conv windows, rawv ring) and combine.
@@ -397,10 +412,6 @@ def _verify_stream_kernel(
     state write) and takes the window's product with it. The state product also gives ``S Kg^T`` (with ``FINISHED``: ``[W ; Kg]`` stacked, 2TP rows), from which the
     window's corrected deltas ``U = Z Tm^T`` (``Z = V^T - S Kg^T diag(rk)``) go to the delta ring at
     rows ``base + t``. No rawv ring is written."""
-    _pdl_enter(USE_PDL)
-    iv = tl.program_id(0)
-    n = tl.program_id(1)
-    h = tl.program_id(2)
     KD: tl.constexpr = 128
     SPLIT_ACC: tl.constexpr = LAZY or not FINISHED  # the product has [q or W ; k] rows, split after
     TW: tl.constexpr = max(TP, 16) if FINISHED else TP  # window rows of this kernel's tiles
@@ -523,6 +534,32 @@ def _verify_stream_kernel(
             _store_delta(rd_hi_ptr, rd_lo_ptr, rd_off + (base + offs_t)[None, :] * s_rd_t + offs_v[:, None], U,
                          live[None, :], SPLIT_D)
         tl.store(o_ptrs, _round_act(o, ACT_BF16).to(out_ty), mask=live[None, :])
+
+
+@triton.jit(do_not_specialize=["N", "T", "H", "s_rv_slot", "s_rv_h", "s_rv_t", "s_rb_slot", "s_rb_h", "s_rb_t"])
+def _verify_stream_kernel(
+    v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr,
+    ws_ptr, wp_ptr, wss_ptr, pp_ptr,
+    cur_ptr, wb_ptr, wr_ptr, wc_ptr, rd_hi_ptr, rd_lo_ptr, ring_len,
+    N, T, H, scale,
+    s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row,
+    s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_rb_slot, s_rb_h, s_rb_t,
+    s_rd_slot, s_rd_h, s_rd_t,
+    STEPS: tl.constexpr, TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
+    FINISHED: tl.constexpr, ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
+    LAZY: tl.constexpr = False, LP: tl.constexpr = 16, SPLIT_D: tl.constexpr = False,
+):
+    """Program (iv, n, h): :func:`_verify_stream`."""
+    _pdl_enter(USE_PDL)
+    _verify_stream(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2), v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr,
+        slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_ptr, cur_ptr, wb_ptr,
+        wr_ptr, wc_ptr, rd_hi_ptr, rd_lo_ptr, ring_len, N, T, H, scale, s_v_t, s_v_h, s_o_t, s_o_h, s_w,
+        s_ssm_slot, s_conv_slot, s_conv_row, s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t,
+        s_rb_slot, s_rb_h, s_rb_t, s_rd_slot, s_rd_h, s_rd_t, STEPS, TP, BV, BK, NC, FINISHED, ACT_BF16,
+        DOT_PREC, LAZY, LP, SPLIT_D,
+    )
+
 
 
 def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_flat, lower_bound, scale, ssm_state,
