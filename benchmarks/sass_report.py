@@ -44,8 +44,7 @@ ACT = ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "out_ptr", "conv_ptr", "icw_
 TYPES = {**{n: "*bf16" for n in ACT}, **{n: "*i32" for n in ("slot_ptr", "cu_ptr", "irow_ptr", "acc_ptr", "tslot_ptr",
                                                                "tstep_ptr", "cur_ptr", "src_ptr",
                                                                "cnt_ptr", "dst_ptr", "wp_ptr", "ff_ptr",
-                                                               "cursor_ptr", "row_ptr", "tcount_ptr", "tdst_ptr",
-                                                               "ticket_ptr", "ready_ptr")},
+                                                               "cursor_ptr", "row_ptr", "tcount_ptr", "tdst_ptr")},
          "rd_hi_ptr": "*i16", "rd_lo_ptr": "*i16",
          "wss_ptr": "*fp64", "lower_bound": "fp32", "scale": "fp32"}
 

@@ -197,7 +197,7 @@ def mtp_verify(
     dot_precision: Optional[str] = None, impl: Optional[str] = None,
     prep_block_k: Optional[int] = None, prep_num_warps: Optional[int] = None,
     finish: Optional[bool] = None,
-    record_cursor: Optional[torch.Tensor] = None, ring_delta=None, pipeline_lead: Optional[int] = None,
+    record_cursor: Optional[torch.Tensor] = None, ring_delta=None,
 ) -> torch.Tensor:
     """KDA speculative verify of N requests x (1 + num_spec) tokens; state and conv are read-only
     (except the lazy record ring's flush, which writes the state: ``record_cursor``).
@@ -274,9 +274,6 @@ def mtp_verify(
         kernels of :mod:`.mtp_verify_chunked` for large batches / long windows, else the recurrent
         ``[block_v, 128]`` kernel below; snapshot mode: always the recurrent kernel).
         ``"chunked"`` or ``"rows"`` force one (``"chunked"`` falls back to ``"rows"`` in snapshot mode).
-        ``"pipelined"`` (ring mode, windows up to 4 tokens): the chunked kernels' prep and streaming
-        programs in one launch, interleaved (``pipeline_lead``: how many heads' prep programs go
-        first; default 256).
     prep_block_k, prep_num_warps : int, optional
         Chunked kernel: q/k channels and warps per program of its prep kernel (one program per
         request, head and channel chunk).
@@ -325,7 +322,7 @@ def mtp_verify(
     plan = plan_mtp_verify(
         checked.H, checked.N, checked.steps, ring=checked.ring, impl=impl, block_v=block_v, num_warps=num_warps,
         block_k=block_k, num_stages=num_stages, dot_precision=dot_precision, prep_block_k=prep_block_k,
-        prep_num_warps=prep_num_warps, finish=finish, lazy=checked.delta is not None, pipeline_lead=pipeline_lead,
+        prep_num_warps=prep_num_warps, finish=finish, lazy=checked.delta is not None,
     )
     if out is None:
         out = torch.empty((1, checked.T, checked.H, HEAD_DIM), dtype=checked.act, device=q.device)
@@ -444,27 +441,18 @@ class VerifyPlan:
     dot_precision: Optional[str] = None  # chunked: "tf32x3", "ieee" or "tf32"
     finish: Optional[bool] = None  # chunked: run the per-(request, head) finish kernel
     finish_num_warps: Optional[int] = None
-    pipelined: bool = False  # chunked: prep and streaming programs in one launch
-    pipeline_lead: Optional[int] = None
 
 
 def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[str] = None,
                     block_v: Optional[int] = None, num_warps: Optional[int] = None, block_k: Optional[int] = None,
                     num_stages: Optional[int] = None, dot_precision: Optional[str] = None,
                     prep_block_k: Optional[int] = None, prep_num_warps: Optional[int] = None,
-                    finish: Optional[bool] = None, lazy: bool = False,
-                    pipeline_lead: Optional[int] = None) -> VerifyPlan:
+                    finish: Optional[bool] = None, lazy: bool = False) -> VerifyPlan:
     """The launch plan of :func:`mtp_verify` for ``H`` heads, ``N`` requests and ``steps`` = 1 + num_spec
     tokens per request: the launch table's choice (:mod:`.launch_config`), with the knobs the caller
     set (same meaning as in :func:`mtp_verify`) taking precedence. Raises E121-E123 for bad knobs.
     ``lazy``: the lazy record ring (``record_cursor`` given), which only the chunked kernels keep."""
-    V.check_impl(impl, (None, "auto", "chunked", "pipelined", "rows"))
-    pipelined = impl == "pipelined" and ring
-    if pipelined and steps > 4:
-        raise V.dspark_error(V.E_IMPL, "impl", expected="impl='pipelined' with windows of at most 4 tokens",
-                             got=f"impl='pipelined' at {steps} tokens", fix="leave impl=None")
-    if impl == "pipelined":
-        impl = "chunked"
+    V.check_impl(impl, (None, "auto", "chunked", "rows"))
     if lazy and impl == "rows":
         raise V.dspark_error(V.E_IMPL, "impl", expected="chunked or None (the lazy record ring's only kernels)",
                              got="impl = 'rows'", fix="leave impl=None with record_cursor")
@@ -482,7 +470,6 @@ def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[st
         prep_block_k=prep_block_k or cfg["prep_block_k"], prep_num_warps=prep_num_warps or cfg["prep_num_warps"],
         dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"),
         finish=cfg["finish"] if finish is None else bool(finish), finish_num_warps=cfg["finish_num_warps"],
-        pipelined=pipelined, pipeline_lead=pipeline_lead,
     )
 
 
@@ -505,7 +492,7 @@ def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, s
             block_v=plan.block_v, block_k=plan.block_k, num_warps=plan.num_warps, num_stages=plan.num_stages,
             prep_block_k=plan.prep_block_k, prep_num_warps=plan.prep_num_warps, dot_precision=plan.dot_precision,
             finish=plan.finish, finish_num_warps=plan.finish_num_warps, pdl_kwargs=LC.pdl_kwargs(dev),
-            record_cursor=record_cursor, ring_delta=c.delta, pipelined=plan.pipelined, lead=plan.pipeline_lead)
+            record_cursor=record_cursor, ring_delta=c.delta)
         return
     extra = {} if plan.num_stages is None else dict(num_stages=plan.num_stages)
     snapshot = not c.ring

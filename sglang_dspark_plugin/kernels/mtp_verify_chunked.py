@@ -209,14 +209,20 @@ def _conv_outputs(x3, x2, x1, x0, w0, w1, w2, w3, ch, icw_base, s_icw_win, m_liv
     return y
 
 
-@triton.jit
-def _verify_prep(
-    n, h, ci, q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr, dt_bias_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr,
-    irow_ptr, rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, cur_ptr, wb_ptr, wr_ptr, wc_ptr, ring_len, H,
-    lower_bound, s_q_t, s_q_h, s_k_t, s_k_h, s_a_t, s_a_h, s_b_t, s_b_h, s_w, s_conv_slot, s_conv_row,
-    s_icw_row, s_icw_step, s_icw_win, s_rk_slot, s_rk_h, s_rk_t, s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h,
-    s_rb_t, STEPS: tl.constexpr, TP: tl.constexpr, BK: tl.constexpr, ACT_BF16: tl.constexpr,
-    USE_LB: tl.constexpr, LAZY: tl.constexpr, LP: tl.constexpr,
+@triton.jit(do_not_specialize=["H", "s_b_t", "s_b_h", "s_rb_slot", "s_rb_h", "s_rb_t"])
+def _verify_prep_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr, dt_bias_ptr,
+    conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr,
+    rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr,
+    cur_ptr, wb_ptr, wr_ptr, wc_ptr, ring_len,
+    H, lower_bound,
+    s_q_t, s_q_h, s_k_t, s_k_h, s_a_t, s_a_h, s_b_t, s_b_h,
+    s_w, s_conv_slot, s_conv_row,
+    s_icw_row, s_icw_step, s_icw_win,
+    s_rk_slot, s_rk_h, s_rk_t, s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t,
+    STEPS: tl.constexpr, TP: tl.constexpr, BK: tl.constexpr,
+    ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, USE_PDL: tl.constexpr = False,
+    LAZY: tl.constexpr = False, LP: tl.constexpr = 16,
 ):
     """Program (n, h, c): everything of the window that does not touch the state, for the q/k
     channels of chunk ``c`` (``BK`` of them; ``NC = 128 / BK`` chunks per head).
@@ -235,6 +241,10 @@ def _verify_prep(
     ``wb[n, h]`` (the beta ring keeps the records' key-norm reciprocals), and this program also
     leaves the pending records' carried keys of its channels in ``wr[n, h, :p, chunk]`` and the
     checkpoint decay in ``wc[n, h, chunk]`` (:func:`_carried_keys`) for the streaming kernel."""
+    _pdl_enter(USE_PDL)
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    ci = tl.program_id(2)
     KD: tl.constexpr = 128
     NC: tl.constexpr = KD // BK
     offs_t = tl.arange(0, TP)
@@ -307,34 +317,6 @@ def _verify_prep(
                          mask=live)
 
 
-@triton.jit(do_not_specialize=["H", "s_b_t", "s_b_h", "s_rb_slot", "s_rb_h", "s_rb_t"])
-def _verify_prep_kernel(
-    q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr, dt_bias_ptr,
-    conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr,
-    rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr,
-    cur_ptr, wb_ptr, wr_ptr, wc_ptr, ring_len,
-    H, lower_bound,
-    s_q_t, s_q_h, s_k_t, s_k_h, s_a_t, s_a_h, s_b_t, s_b_h,
-    s_w, s_conv_slot, s_conv_row,
-    s_icw_row, s_icw_step, s_icw_win,
-    s_rk_slot, s_rk_h, s_rk_t, s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t,
-    STEPS: tl.constexpr, TP: tl.constexpr, BK: tl.constexpr,
-    ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, USE_PDL: tl.constexpr = False,
-    LAZY: tl.constexpr = False, LP: tl.constexpr = 16,
-):
-    """Program (n, h, ci): :func:`_verify_prep`."""
-    _pdl_enter(USE_PDL)
-    _verify_prep(
-        tl.program_id(0), tl.program_id(1), tl.program_id(2), q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr,
-        dt_bias_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr,
-        wss_ptr, cur_ptr, wb_ptr, wr_ptr, wc_ptr, ring_len, H, lower_bound, s_q_t, s_q_h, s_k_t, s_k_h, s_a_t,
-        s_a_h, s_b_t, s_b_h, s_w, s_conv_slot, s_conv_row, s_icw_row, s_icw_step, s_icw_win, s_rk_slot, s_rk_h,
-        s_rk_t, s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t, STEPS, TP, BK, ACT_BF16, USE_LB, LAZY,
-        LP,
-    )
-
-
-
 @triton.jit(do_not_specialize=["H", "s_rb_slot", "s_rb_h", "s_rb_t"])
 def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_ptr, cur_ptr, wb_ptr, ring_len, H, scale,
                           s_rb_slot, s_rb_h, s_rb_t,
@@ -378,15 +360,18 @@ def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_
         tl.store(ws_q, W)
 
 
-@triton.jit
-def _verify_stream(
-    iv, n, h, v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr,
-    ws_ptr, wp_ptr, wss_ptr, pp_ptr, cur_ptr, wb_ptr, wr_ptr, wc_ptr, rd_hi_ptr, rd_lo_ptr, ring_len, N, T, H,
-    scale, s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row, s_icw_row, s_icw_step,
-    s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_rb_slot, s_rb_h, s_rb_t, s_rd_slot, s_rd_h, s_rd_t,
+@triton.jit(do_not_specialize=["N", "T", "H", "s_rv_slot", "s_rv_h", "s_rv_t", "s_rb_slot", "s_rb_h", "s_rb_t"])
+def _verify_stream_kernel(
+    v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr,
+    ws_ptr, wp_ptr, wss_ptr, pp_ptr,
+    cur_ptr, wb_ptr, wr_ptr, wc_ptr, rd_hi_ptr, rd_lo_ptr, ring_len,
+    N, T, H, scale,
+    s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row,
+    s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_rb_slot, s_rb_h, s_rb_t,
+    s_rd_slot, s_rd_h, s_rd_t,
     STEPS: tl.constexpr, TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
-    FINISHED: tl.constexpr, ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, LAZY: tl.constexpr,
-    LP: tl.constexpr, SPLIT_D: tl.constexpr,
+    FINISHED: tl.constexpr, ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
+    LAZY: tl.constexpr = False, LP: tl.constexpr = 16, SPLIT_D: tl.constexpr = False,
 ):
     """Program (iv, n, h): stream the state tile ``[BV, 128]`` through ``tl.dot``, do the V-tile's
     v conv (conv windows, rawv ring) and combine.
@@ -412,6 +397,10 @@ def _verify_stream(
     state write) and takes the window's product with it. The state product also gives ``S Kg^T`` (with ``FINISHED``: ``[W ; Kg]`` stacked, 2TP rows), from which the
     window's corrected deltas ``U = Z Tm^T`` (``Z = V^T - S Kg^T diag(rk)``) go to the delta ring at
     rows ``base + t``. No rawv ring is written."""
+    _pdl_enter(USE_PDL)
+    iv = tl.program_id(0)
+    n = tl.program_id(1)
+    h = tl.program_id(2)
     KD: tl.constexpr = 128
     SPLIT_ACC: tl.constexpr = LAZY or not FINISHED  # the product has [q or W ; k] rows, split after
     TW: tl.constexpr = max(TP, 16) if FINISHED else TP  # window rows of this kernel's tiles
@@ -536,142 +525,14 @@ def _verify_stream(
         tl.store(o_ptrs, _round_act(o, ACT_BF16).to(out_ty), mask=live[None, :])
 
 
-@triton.jit(do_not_specialize=["N", "T", "H", "s_rv_slot", "s_rv_h", "s_rv_t", "s_rb_slot", "s_rb_h", "s_rb_t"])
-def _verify_stream_kernel(
-    v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr,
-    ws_ptr, wp_ptr, wss_ptr, pp_ptr,
-    cur_ptr, wb_ptr, wr_ptr, wc_ptr, rd_hi_ptr, rd_lo_ptr, ring_len,
-    N, T, H, scale,
-    s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row,
-    s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_rb_slot, s_rb_h, s_rb_t,
-    s_rd_slot, s_rd_h, s_rd_t,
-    STEPS: tl.constexpr, TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
-    FINISHED: tl.constexpr, ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
-    LAZY: tl.constexpr = False, LP: tl.constexpr = 16, SPLIT_D: tl.constexpr = False,
-):
-    """Program (iv, n, h): :func:`_verify_stream`."""
-    _pdl_enter(USE_PDL)
-    _verify_stream(
-        tl.program_id(0), tl.program_id(1), tl.program_id(2), v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr,
-        slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_ptr, cur_ptr, wb_ptr,
-        wr_ptr, wc_ptr, rd_hi_ptr, rd_lo_ptr, ring_len, N, T, H, scale, s_v_t, s_v_h, s_o_t, s_o_h, s_w,
-        s_ssm_slot, s_conv_slot, s_conv_row, s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t,
-        s_rb_slot, s_rb_h, s_rb_t, s_rd_slot, s_rd_h, s_rd_t, STEPS, TP, BV, BK, NC, FINISHED, ACT_BF16,
-        DOT_PREC, LAZY, LP, SPLIT_D,
-    )
-
-
-
-@triton.jit
-def _pipelined_role(t, NH, lead, NC: tl.constexpr):
-    """Ticket ``t`` of :func:`_verify_pipelined_kernel` -> ``(is_prep, head, chunk)``. Order: the
-    first ``lead`` heads' prep chunks, then groups of (``NC`` prep chunks of head ``lead + g``, the
-    streaming program of head ``g``), then the last ``lead`` heads' streaming programs; every
-    streaming program's ticket comes after its head's prep chunks."""
-    G: tl.constexpr = NC + 1
-    u = t - lead * NC
-    g = u // G
-    r = u % G
-    tail = u - (NH - lead) * G
-    is_prep = (t < lead * NC) | ((u >= 0) & (g < NH - lead) & (r < NC))
-    head = tl.where(t < lead * NC, t // NC, tl.where(tail >= 0, NH - lead + tail, tl.where(r < NC, lead + g, g)))
-    chunk = tl.where(t < lead * NC, t % NC, r)
-    return is_prep, head, chunk
-
-
-@triton.jit(do_not_specialize=["N", "T", "H", "s_b_t", "s_b_h", "s_rv_slot", "s_rv_h", "s_rv_t", "s_rb_slot",
-                               "s_rb_h", "s_rb_t", "lead"])
-def _verify_pipelined_kernel(
-    q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr, dt_bias_ptr,
-    conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr,
-    rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr,
-    cur_ptr, wb_ptr, wr_ptr, wc_ptr, ring_len,
-    H, lower_bound,
-    s_q_t, s_q_h, s_k_t, s_k_h, s_a_t, s_a_h, s_b_t, s_b_h,
-    s_w, s_conv_slot, s_conv_row,
-    s_icw_row, s_icw_step, s_icw_win,
-    s_rk_slot, s_rk_h, s_rk_t, s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t,
-    v_ptr, out_ptr, ssm_ptr, rv_ptr, pp_ptr, rd_hi_ptr, rd_lo_ptr,
-    N, T, scale,
-    s_v_t, s_v_h, s_o_t, s_o_h, s_ssm_slot, s_rv_slot, s_rv_h, s_rv_t, s_rd_slot, s_rd_h, s_rd_t,
-    ticket_ptr, ready_ptr, lead,
-    STEPS: tl.constexpr, TP: tl.constexpr, PREP_BK: tl.constexpr, BK: tl.constexpr,
-    ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
-    LAZY: tl.constexpr = False, LP: tl.constexpr = 16, SPLIT_D: tl.constexpr = False,
-):
-    """The prep and streaming programs of windows up to 4 tokens in one launch, interleaved, so
-    that instruction-bound prep programs run beside memory-bound streaming programs instead of
-    before them (one ``(128, N, H)`` streaming program per head, ``128 / PREP_BK`` prep programs).
-
-    Each program takes a ticket (an atomic counter, so tickets follow the order programs start
-    in) and runs the role :func:`_pipelined_role` gives it. A prep program publishes its head's
-    workspace with a release increment of ``ready[head]``; the head's streaming program spins
-    until all ``NC`` increments are seen (acquire), reads the workspace and resets the count. No
-    program waits on one that took a later ticket, so every wait ends. The last program to finish
-    resets the ticket counters (``ticket[0]``: tickets, ``ticket[1]``: programs done), so every
-    launch starts from 0 (kernel boundaries order launches)."""
-    _pdl_enter(USE_PDL)
-    NC: tl.constexpr = 128 // PREP_BK
-    NH = N * H
-    t = tl.atomic_add(ticket_ptr, 1)
-    is_prep, head, chunk = _pipelined_role(t, NH, lead, NC)
-    n = head // H
-    h = head % H
-    if is_prep:
-        _verify_prep(
-            n, h, chunk, q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr, dt_bias_ptr, conv_ptr, slot_ptr, cu_ptr,
-            icw_ptr, irow_ptr, rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, cur_ptr, wb_ptr, wr_ptr, wc_ptr,
-            ring_len, H, lower_bound, s_q_t, s_q_h, s_k_t, s_k_h, s_a_t, s_a_h, s_b_t, s_b_h, s_w, s_conv_slot,
-            s_conv_row, s_icw_row, s_icw_step, s_icw_win, s_rk_slot, s_rk_h, s_rk_t, s_rg_slot, s_rg_h, s_rg_t,
-            s_rb_slot, s_rb_h, s_rb_t, STEPS, TP, PREP_BK, ACT_BF16, USE_LB, LAZY, LP,
-        )
-        tl.debug_barrier()  # every thread's workspace stores before the release
-        tl.atomic_add(ready_ptr + head, 1, sem="release", scope="gpu")
-    else:
-        seen = tl.atomic_add(ready_ptr + head, 0, sem="acquire", scope="gpu")
-        while seen < NC:
-            seen = tl.atomic_add(ready_ptr + head, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()
-        _verify_stream(
-            0, n, h, v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr,
-            ws_ptr, wp_ptr, wss_ptr, pp_ptr, cur_ptr, wb_ptr, wr_ptr, wc_ptr, rd_hi_ptr, rd_lo_ptr, ring_len, N, T,
-            H, scale, s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row, s_icw_row, s_icw_step,
-            s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_rb_slot, s_rb_h, s_rb_t, s_rd_slot, s_rd_h, s_rd_t,
-            STEPS, TP, 128, BK, NC, False, ACT_BF16, DOT_PREC, LAZY, LP, SPLIT_D,
-        )
-        tl.atomic_xchg(ready_ptr + head, 0)
-    done = tl.atomic_add(ticket_ptr + 1, 1, sem="acq_rel", scope="gpu")
-    if done == NH * (NC + 1) - 1:
-        tl.atomic_xchg(ticket_ptr, 0)
-        tl.atomic_xchg(ticket_ptr + 1, 0)
-
-
-# Per device: the pipelined kernel's ticket counters ([2] int32) and per-head ready counts
-# (int32, grown to the largest N * H seen). Both are zero between launches (each launch resets
-# what it used), so they are allocated once and never cleared again.
-_PIPELINE_COUNTERS: dict = {}
-
-
-def _pipeline_counters(device, heads: int):
-    tickets, ready = _PIPELINE_COUNTERS.get(device, (None, None))
-    if tickets is None:
-        tickets = torch.zeros(2, dtype=torch.int32, device=device)
-    if ready is None or ready.numel() < heads:
-        ready = torch.zeros(max(heads, 4096), dtype=torch.int32, device=device)
-    _PIPELINE_COUNTERS[device] = (tickets, ready)
-    return tickets, ready
-
-
 def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_flat, lower_bound, scale, ssm_state,
                                conv_state, slot_indices, cu_seqlens, intermediate_conv, intermediate_rows,
                                ring_rawv, ring_rawk, ring_g, ring_beta, N, T, H, steps, act_bf16,
                                block_v=128, block_k=32, num_warps=4, num_stages=None, dot_precision="tf32x3",
                                finish=False, finish_num_warps=4, prep_block_k=32, prep_num_warps=1, pdl_kwargs=None,
-                               record_cursor=None, ring_delta=None, pipelined=False, lead=None):
+                               record_cursor=None, ring_delta=None):
     """Launch the prep, (with ``finish``) finish and streaming kernels on arguments ``mtp_verify``
-    has validated. ``pipelined`` (windows up to 4 tokens, ``block_v == 128``): prep and streaming
-    programs in one launch, interleaved (:func:`_verify_pipelined_kernel`), the first ``lead`` heads'
-    prep programs ahead.
+    has validated.
 
     Workspace (allocated here, from the caching allocator: CUDA-graph capturable): ``[N, H, 2, TP, 128]``
     fp32 decayed q/k, the prep's per-chunk pair sums ``[N, H, NC, 2, TP, TP]`` fp32 and sums of squares
@@ -704,34 +565,6 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
         cursor, split_d = slot_indices, False
     pdl_kw = pdl_kwargs or {}  # launch_config.pdl_kwargs(device)
     icw = intermediate_conv
-    if pipelined:
-        if finish or block_v != 128:
-            raise ValueError("the pipelined verify runs windows of up to 4 tokens with block_v = 128")
-        tickets, ready = _pipeline_counters(dev, N * H)
-        lead_heads = max(1, min(N * H, 256 if lead is None else int(lead)))
-        kw = dict(num_warps=num_warps, **pdl_kw)
-        if num_stages is not None:
-            kw["num_stages"] = num_stages
-        _verify_pipelined_kernel[(N * H * (NC + 1),)](
-            q, k, a, b, conv_weight, A_flat, dt_flat,
-            conv_state, slot_indices, cu_seqlens, icw, intermediate_rows,
-            rk, rg, rb, ws, wp, wss,
-            cursor, wb, wr, wc, L,
-            H, 0.0 if lower_bound is None else lower_bound,
-            q.stride(1), q.stride(2), k.stride(1), k.stride(2), a.stride(1), a.stride(2), b.stride(1), b.stride(2),
-            conv_weight.stride(0), conv_state.stride(0), conv_state.stride(1),
-            icw.stride(0), icw.stride(1), icw.stride(2),
-            rk.stride(0), rk.stride(1), rk.stride(2), rg.stride(0), rg.stride(1), rg.stride(2),
-            rb.stride(0), rb.stride(1), rb.stride(2),
-            v, out, ssm_state, rv, pp, rd_hi, rd_lo,
-            N, T, scale,
-            v.stride(1), v.stride(2), out.stride(1), out.stride(2), ssm_state.stride(0),
-            rv.stride(0), rv.stride(1), rv.stride(2), *(rd_hi.stride()[:3] if lazy else (0, 0, 0)),
-            tickets, ready, lead_heads,
-            STEPS=steps, TP=TP, PREP_BK=prep_block_k, BK=block_k, ACT_BF16=act_bf16,
-            USE_LB=lower_bound is not None, DOT_PREC=dot_precision, LAZY=lazy, LP=LP, SPLIT_D=split_d, **kw,
-        )
-        return out
     _verify_prep_kernel[(N, H, NC)](
         q, k, a, b, conv_weight, A_flat, dt_flat,
         conv_state, slot_indices, cu_seqlens, icw, intermediate_rows,

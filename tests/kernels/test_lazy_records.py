@@ -23,17 +23,14 @@ CUDA = torch.cuda.is_available()
 
 
 @pytest.mark.parametrize(
-    "num_spec,L,split,cycles,block_v,impl",
-    [(3, 8, False, 8, None, None), (3, 16, True, 14, 32, None), (7, 16, False, 10, None, None),
-     (15, 32, False, 10, None, None), (3, 8, False, 8, None, "pipelined"), (2, 8, True, 10, None, "pipelined")],
-    ids=["T4-L8", "T4-L16-split-4tiles", "T8-L16-finish", "T16-L32-finish", "pipelined-T4-L8",
-         "pipelined-T3-L8-split"],
+    "num_spec,L,split,cycles,block_v",
+    [(3, 8, False, 8, None), (3, 16, True, 14, 32), (7, 16, False, 10, None), (15, 32, False, 10, None)],
+    ids=["T4-L8", "T4-L16-split-4tiles", "T8-L16-finish", "T16-L32-finish"],
 )
-def test_lazy_ring_trajectory(num_spec, L, split, cycles, block_v, impl):
+def test_lazy_ring_trajectory(num_spec, L, split, cycles, block_v):
     """``block_v=32``: four V-tiles per head (the interpreter's default is one), so each tile's
     delta columns and the key-norm reciprocals written by V-tile 0 alone are checked on CPU too.
-    Request 2 is ragged and sometimes accepts nothing (cursor unchanged past a flush's base).
-    ``impl="pipelined"``: the prep and streaming programs in one launch."""
+    Request 2 is ragged and sometimes accepts nothing (cursor unchanged past a flush's base)."""
     cycles = cycles * (20 if CUDA else 1)
     steps = 1 + num_spec
     N, H = 3, 2
@@ -71,7 +68,7 @@ def test_lazy_ring_trajectory(num_spec, L, split, cycles, block_v, impl):
         out = mtp_verify(q, k, v, a, b, **p.params(), ssm_state=p.ssm_state, conv_state=p.conv_state,
                          slot_indices=p.slot_indices, cu_seqlens=cu, num_spec=num_spec, intermediate_conv=icw,
                          intermediate_rows=p.intermediate_rows, **rings, record_cursor=cursor, ring_delta=delta,
-                         block_v=block_v, impl=impl)
+                         block_v=block_v)
         assert torch.equal(cursor, before)  # the verify only reads the cursor
         accept = [rng.randint(0 if n == 2 else 1, ln) for n, ln in enumerate(lengths)]
         track_step = rng.randint(0, accept[0] - 1)

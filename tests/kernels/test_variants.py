@@ -1,6 +1,6 @@
 """Launch variants of the kernels, all against the float64 reference: the chunked ring verify at
-several tiles and windows (both pairwise-decay paths), its pipelined one-launch form, the recurrent
-``[block_v, 128]`` verify in both modes, and decode at several tiles."""
+several tiles and windows (both pairwise-decay paths), the recurrent ``[block_v, 128]`` verify in
+both modes, and decode at several tiles."""
 
 import pytest
 import torch
@@ -70,33 +70,6 @@ def test_chunked_ring_tiles(num_spec, block_v, block_k, prep_block_k, dtype, lb,
             assert rel_err(got[:, :ln], rings_r[name][slot][:, :ln]) <= (1e-6 if name in ("ring_g", "ring_beta")
                                                                           else tol(dtype) / 10)
             assert got[:, ln:].isnan().all(), f"{name} written past the request"
-
-
-@pytest.mark.parametrize("num_spec,lead,dtype,lb", [
-    (3, 1, torch.float32, -5.0),
-    (1, 2, torch.bfloat16, None),
-    (2, 64, torch.float32, None),
-], ids=lambda x: str(x).replace("torch.", ""))
-def test_pipelined_ring_verify(num_spec, lead, dtype, lb):
-    """The pipelined chunked verify (prep and streaming programs in one launch, each streaming
-    program waiting for its head's prep programs) writes the same bytes as the chunked kernels
-    (outputs, conv windows, rings) at several prep leads (one head ahead up to all of them), and
-    leaves its ticket and ready counters at zero for the next launch."""
-    from sglang_dspark_plugin.kernels import mtp_verify_chunked as C
-
-    p = _problem(num_spec, dtype, lb, seed=700 + num_spec, H=2)
-    out_r, _, _, _ = _ref(p)
-    steps = p.steps
-    got, want = ({"rings": p.new_rings(L=2 * steps), "icw": p.new_icw()} for _ in range(2))
-    out = mtp_verify(*p.acts(), intermediate_conv=got["icw"], **got["rings"], **p.verify_kwargs(), impl="pipelined",
-                     pipeline_lead=lead)
-    ref = mtp_verify(*p.acts(), intermediate_conv=want["icw"], **want["rings"], **p.verify_kwargs(), impl="chunked")
-    assert rel_err(out, out_r) <= tol(dtype), rel_err(out, out_r)
-    assert same_bytes(out, ref) and same_bytes(got["icw"], want["icw"])
-    for name in got["rings"]:
-        assert same_bytes(got["rings"][name], want["rings"][name]), name
-    tickets, ready = C._PIPELINE_COUNTERS[p.q.device]
-    assert not tickets.any() and not ready.any()
 
 
 @pytest.mark.parametrize("strength", ["mild", "strong"])
