@@ -710,6 +710,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def selected_configs(names: str) -> List[Config]:
+    """The configurations named in ``--configs``, in the order given (with ``--max-servers 1`` that
+    is the order the servers run in: two calls in opposite orders cancel drift between them)."""
+    by_name = {c.name: c for c in CONFIGS}
+    wanted = [n for n in names.split(",") if n]
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown --configs {unknown}; known: {', '.join(by_name)}")
+    return [by_name[n] for n in dict.fromkeys(wanted)]
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -718,7 +729,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.makedirs(args.log_dir, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
     tiny_models.ensure_models(tiny_models.SPECS[args.model], log=lambda m: print(f"[models] {m}", flush=True))
-    chosen = [c for c in CONFIGS if c.name in args.configs.split(",")]
+    chosen = selected_configs(args.configs)
     result = {
         "date": datetime.date.today().isoformat(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

@@ -435,3 +435,15 @@ def test_results_record_the_machine_and_compare_warns_across_machines(tmp_path, 
     assert "WARNING: different machines (boot ids 11111111 / 22222222; CPUs CPU A x16 / CPU B x16)" in capsys.readouterr().out
     compare_serving.main([fold, unknown])
     assert "machine: not recorded in both runs" in capsys.readouterr().out
+
+
+def test_configs_run_in_the_order_given():
+    """``--configs b,a`` serves b first (two calls in opposite orders are the fair served comparison;
+    until 2026-12-04 the table's order won silently), duplicates once, unknown names stop the run."""
+    names = [c.name for c in bench_serving.CONFIGS]
+    assert [c.name for c in bench_serving.selected_configs("dspark-ring,stock-ring")] == ["dspark-ring", "stock-ring"]
+    assert [c.name for c in bench_serving.selected_configs("stock-ring,dspark-ring,stock-ring")] == [
+        "stock-ring", "dspark-ring"]
+    assert [c.name for c in bench_serving.selected_configs(",".join(reversed(names)))] == names[::-1]
+    with pytest.raises(SystemExit, match="no-such-config"):
+        bench_serving.selected_configs("stock-ring,no-such-config")
