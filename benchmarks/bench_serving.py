@@ -698,7 +698,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "the smallest power of two >= 2 (gamma + 1))")  # fmt: skip
     p.add_argument("--disable-radix-cache", action="store_true",
                    help="serve without SGLang's radix cache (no track slots; the lazy ring stays on)")  # fmt: skip
-    p.add_argument("--configs", default=",".join(c.name for c in CONFIGS if c.default))
+    p.add_argument("--configs", default=",".join(c.name for c in CONFIGS if c.default),
+                   help="comma-separated configuration names, served in this order")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--profile-concurrency", type=int, default=32)
     p.add_argument("--profile-steps", type=int, default=20)

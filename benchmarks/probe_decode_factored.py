@@ -98,7 +98,7 @@ FLUSH_VARIANTS = [(bv, w, fd, bvf) for bv, w in ((32, 1), (128, 4), (64, 2))
 # tile loaded while this one is computed (the first during the prologue), where decode() takes them
 _KNOBS = {"max_registers", "prefetch"} <= set(inspect.signature(BK.decode).parameters)
 KNOB_VARIANTS = ([(bv, w, None, True) for bv, w in ((32, 1), (16, 1), (32, 2), (64, 4), (64, 2))]
-            + [(16, 1, 192, True), (32, 2, 192, True)]) if _KNOBS else []
+                 + [(16, 1, 192, True), (32, 2, 192, True)]) if _KNOBS else []
 
 
 def knob_cfg(v):
