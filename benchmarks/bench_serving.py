@@ -77,6 +77,50 @@ STEP_KERNEL = re.compile(r"^_verify_stream_kernel$|^_mtp_verify_kernel$|^_decode
                          r"|^fused_sigmoid_gating_delta_rule_update_kernel$|^fused_recurrent_kda")
 PREFILL_KERNEL = re.compile(r"^chunk_|_chunk_|^_causal_conv1d_fwd_kernel$")
 
+# SGLang's scheduler logs a "Decode batch" line every --decode-log-interval (40) decode / verify
+# steps with the generation throughput since its previous line, and a "Prefill batch" line per
+# prefill batch (sglang/srt/managers/scheduler_components/metrics_reporter.py).
+DECODE_LOG = re.compile(r"Decode batch(?: \[\d+\])?, #running-req: (\d+),.*gen throughput \(token/s\): ([\d.]+)")
+PREFILL_LOG = re.compile(r"Prefill batch")
+
+
+def decode_intervals(log_text: str, running: int) -> List[float]:
+    """Generation tokens/s of the server's pure decode intervals at ``running`` requests: "Decode
+    batch" lines at ``#running-req: running`` whose previous decode or prefill line was also one.
+    Such an interval held no prefill, so no request joined (a join is a prefill) and none left (the
+    count would have dropped): every step in it ran the full batch. Unlike the client's tokens/s it
+    leaves out the prefill and admission between the workload's waves, so it measures the served
+    step itself (docs/gpu-serving.md, twenty-fifth session)."""
+    found: List[float] = []
+    previous_full = False  # the previous decode/prefill line was a decode line at `running`
+    for line in log_text.splitlines():
+        m = DECODE_LOG.search(line)
+        if m:
+            full = int(m.group(1)) == running
+            if full and previous_full:
+                found.append(float(m.group(2)))
+            previous_full = full
+        elif PREFILL_LOG.search(line):
+            previous_full = False
+    return found
+
+
+def _log_size(server: SGLangServer) -> int:
+    try:
+        return os.path.getsize(server.log_path)
+    except OSError:
+        return 0
+
+
+def _log_since(server: SGLangServer, offset: int) -> str:
+    """The server's log written from byte ``offset`` on ("" when there is none)."""
+    try:
+        with open(server.log_path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
 
 # Host-side (Python) functions of the KDA path, ours and SGLang's, in a --profile-cpu trace.
 HOST_KDA = re.compile(r"sglang_dspark_plugin|kda_backend|hybrid_linear_attn_backend|update_mamba_state|"
@@ -595,19 +639,27 @@ def measure_all(runs: Dict[str, dict], args, save) -> None:
         for c in args.concurrency:
             prompts = _level_prompts(c, args, seed=1000 * (rep + 1) + c)
             for name, run in live.items():
+                offset = _log_size(run["server"])
                 level = measure_level(run["server"].base_url, prompts, c, args.output_len)
+                level["decode_intervals_tok_s"] = decode_intervals(_log_since(run["server"], offset), c)
                 run["samples"].setdefault(str(c), []).append(level)
+                found = level["decode_intervals_tok_s"]
+                decode = f"{statistics.median(found):.0f} tok/s over {len(found)}" if found else "none"
                 print(f"[{name}] round {rep + 1} c={c}: {level['tokens_per_s']:.0f} tok/s, "
-                      f"ITL {level['median_itl_ms']:.2f} ms, accept {level['accept_length']}", flush=True)  # fmt: skip
+                      f"ITL {level['median_itl_ms']:.2f} ms, accept {level['accept_length']}, "
+                      f"server's pure decode intervals: {decode}", flush=True)  # fmt: skip
         save()
 
 
 def summarize(run: dict) -> List[dict]:
-    """Per concurrency: the median over rounds of tokens/s and of the median ITL, with the spread."""
+    """Per concurrency: the median over rounds of tokens/s and of the median ITL, with the spread,
+    and the median of the server's pure decode intervals of all rounds (:func:`decode_intervals`;
+    None where the log held none, e.g. rounds too short for two log lines at the full batch)."""
     levels = []
     for c, samples in sorted(run["samples"].items(), key=lambda kv: int(kv[0])):
         tps = [s["tokens_per_s"] for s in samples]
         accepts = [s["accept_length"] for s in samples if s["accept_length"]]
+        decode = [x for s in samples for x in s.get("decode_intervals_tok_s") or []]
         levels.append({
             "concurrency": int(c),
             "tokens_per_s": statistics.median(tps),
@@ -616,6 +668,8 @@ def summarize(run: dict) -> List[dict]:
             "median_itl_ms": statistics.median(s["median_itl_ms"] for s in samples),
             "median_ttft_ms": statistics.median(s["median_ttft_ms"] for s in samples),
             "accept_length": statistics.mean(accepts) if accepts else None,
+            "decode_tok_s": statistics.median(decode) if decode else None,
+            "decode_intervals": len(decode),
             "rounds": len(samples),
         })  # fmt: skip
     return levels
@@ -625,6 +679,7 @@ def render(result: dict) -> str:
     """Markdown table: tokens/s (x stock without speculation) and median ITL per concurrency."""
     levels = result["args"]["concurrency"]
     head = ["config"] + [f"c={c} tok/s" for c in levels] + [f"c={c} ITL ms" for c in levels]
+    head += [f"c={c} decode tok/s (server log)" for c in levels]
     head += ["accept length", "KDA share", "KDA us / step", "GPU busy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     stock = {lv["concurrency"]: lv["tokens_per_s"] for lv in result["runs"].get("stock", {}).get("levels", [])}
@@ -638,11 +693,13 @@ def render(result: dict) -> str:
             for c in levels
         ]
         itl = [f"{by_c[c]['median_itl_ms']:.2f}" for c in levels]
+        decode = [f"{by_c[c]['decode_tok_s']:.0f} ({by_c[c]['decode_intervals']})" if by_c[c].get("decode_tok_s")
+                  else "-" for c in levels]
         accepts = [lv["accept_length"] for lv in row["levels"] if lv["accept_length"]]
         accept = f"{statistics.mean(accepts):.2f}" if accepts else "-"
         prof = row.get("profile") or {}
         share, busy, step = prof.get("kda_share"), prof.get("gpu_busy_share"), prof.get("kda_step_us")
-        lines.append("| " + " | ".join([name, *tps, *itl, accept, f"{share:.0%}" if share is not None else "-",
+        lines.append("| " + " | ".join([name, *tps, *itl, *decode, accept, f"{share:.0%}" if share is not None else "-",
                                         f"{step:.0f}" if step is not None else "-",
                                         f"{busy:.0%}" if busy is not None else "-"]) + " |")
     return "\n".join(lines)

@@ -9,7 +9,9 @@ in different device calls (one kimi48 server fits on an H200 at a time). Printed
 per-round ratios NEW / BASE, their mean with its standard error, the ratio of the medians, and a
 verdict: ``faster`` where the mean ratio minus two standard errors is above 1, ``slower`` where the
 mean plus two standard errors is below 1, else ``not resolved``. ``--skip K`` leaves out the first K
-rounds of both (a fresh server's transient).
+rounds of both (a fresh server's transient). Where both runs recorded them, the same statistics
+follow for the servers' own pure decode intervals (each round's median of its full-batch "Decode
+batch" log intervals without a prefill): the served step without the waves' prefill and admission.
 
 ``--profiles`` (both runs made with ``bench_serving.py --profile``): each kernel's GPU time per
 decode / verify step (its summed time over the profiled window / that window's ``kda_steps``) in
@@ -57,6 +59,18 @@ def rounds_of(loaded: dict, concurrency: int) -> List[float]:
     if not samples:
         raise SystemExit(f"{loaded['path']}:{loaded['name']} has no rounds at concurrency {concurrency}")
     return [s["tokens_per_s"] for s in samples]
+
+
+def decode_rounds_of(loaded: dict, concurrency: int) -> Optional[List[float]]:
+    """Per round at ``concurrency``, the median of the server's pure decode intervals
+    (``bench_serving.decode_intervals``: full-batch log intervals without a prefill), or None
+    where a round recorded none (results from before 2026-12-04's twenty-seventh session, or
+    rounds too short for two log lines at the full batch)."""
+    samples = loaded["run"].get("samples", {}).get(str(concurrency)) or []
+    found = [s.get("decode_intervals_tok_s") for s in samples]
+    if not found or not all(found):
+        return None
+    return [statistics.median(f) for f in found]
 
 
 def profile_of(loaded: dict) -> dict:
@@ -183,6 +197,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"| {k + 1} | {base[k]:.0f} | {new[k]:.0f} | {ratio:.3f} |")
     print(f"mean ratio {r['mean_ratio']:.3f} +- {r['se']:.3f} (standard error), median ratio "
           f"{r['median_ratio']:.3f}, ratio of medians {r['ratio_of_medians']:.3f}: {r['verdict']}")
+    base_decode, new_decode = decode_rounds_of(base_run, args.concurrency), decode_rounds_of(new_run, args.concurrency)
+    if base_decode and new_decode:
+        d = compare(base_decode, new_decode, args.skip)
+        print(f"server's pure decode intervals (full batch, no prefill; median per round): "
+              f"{' '.join(f'{x:.3f}' for x in d['ratios'])}; mean ratio {d['mean_ratio']:.3f} +- {d['se']:.3f}, "
+              f"ratio of medians {d['ratio_of_medians']:.3f}: {d['verdict']}")
+    else:
+        print("server's pure decode intervals: not recorded in every round of both runs")
     note = machine_note(base_run["machine"], new_run["machine"])
     if note:
         print(note)

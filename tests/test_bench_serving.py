@@ -202,6 +202,42 @@ def test_summary_is_the_median_of_rounds_with_spread():
     assert (level["tokens_per_s"], level["tokens_per_s_min"], level["tokens_per_s_max"]) == (200.0, 100.0, 300.0)
     assert level["median_itl_ms"] == 2.0
     assert level["accept_length"] == pytest.approx(2.25)
+    assert (level["decode_tok_s"], level["decode_intervals"]) == (None, 0)  # rounds from before the log parse
+    # the server's pure decode intervals of all rounds pooled: the median of 7 values, not of round medians
+    for s, found in zip(samples, ([10.0, 20.0, 30.0], [], [40.0, 50.0, 60.0, 70.0])):
+        s["decode_intervals_tok_s"] = found
+    (level,) = bench_serving.summarize({"samples": {"8": samples}})
+    assert (level["decode_tok_s"], level["decode_intervals"]) == (40.0, 7)
+
+
+def _decode_line(running, tok_s, extra=""):
+    return (f"[2026-12-04 20:25:27] Decode batch{extra}, #running-req: {running}, #full token: 8310, "
+            f"full token usage: 0.07, mamba num: 128, mamba usage: 0.25, cuda graph: True, "
+            f"gen throughput (token/s): {tok_s:.2f}, #queue-req: 0")
+
+
+def _prefill_line(new_seq):
+    return (f"[2026-12-04 20:25:26] Prefill batch, #new-seq: {new_seq}, #new-token: 4032, #cached-token: 0, "
+            f"#running-req: 1, #queue-req: 0, cuda graph: False, input throughput (token/s): 21911.53")
+
+
+def test_decode_intervals_are_the_full_batch_intervals_without_a_prefill():
+    log = "\n".join([
+        _prefill_line(1), _prefill_line(63),
+        _decode_line(64, 126.78),  # its interval holds the prefills: left out
+        _decode_line(64, 6258.17),  # pure, full batch
+        _decode_line(64, 6074.49, extra=" [812]"),  # SGLANG_LOG_FORWARD_ITERS form
+        "[2026-12-04 20:25:28] some other scheduler line",
+        _decode_line(64, 5907.26).replace("cuda graph: True, ", "accept len: 1.12, accept rate: 0.04, cuda graph: True, "),
+        _prefill_line(1),
+        _decode_line(64, 3523.73),  # after a prefill: left out
+        _decode_line(63, 6100.00),  # one request short: left out
+        _decode_line(64, 6200.00),  # the previous line was not at the full batch: left out
+        _decode_line(64, 6300.00),  # pure again
+    ])  # fmt: skip
+    assert bench_serving.decode_intervals(log, 64) == [6258.17, 6074.49, 5907.26, 6300.00]
+    assert bench_serving.decode_intervals(log, 63) == []
+    assert bench_serving.decode_intervals("", 64) == []
 
 
 def test_table_shows_speedup_over_stock_and_errors():
@@ -215,20 +251,25 @@ def test_table_shows_speedup_over_stock_and_errors():
             "stock-dspark": {"error": "ServerStartError: boom", "levels": []},
         },
     }
+    result["runs"]["dspark"]["levels"][1].update(decode_tok_s=7610.4, decode_intervals=412)
     table = bench_serving.render(result).splitlines()
-    assert table[0].startswith("| config | c=1 tok/s | c=8 tok/s |")
-    assert "| dspark | 150 (1.50x) | 400 (1.00x) | 2.00 | 2.00 | - | 25% | 2981 | 60% |" in table
+    assert table[0].startswith("| config | c=1 tok/s | c=8 tok/s | c=1 ITL ms | c=8 ITL ms | c=1 decode tok/s")
+    assert "| dspark | 150 (1.50x) | 400 (1.00x) | 2.00 | 2.00 | - | 7610 (412) | - | 25% | 2981 | 60% |" in table
     assert any(row.startswith("| stock-dspark | error: ServerStartError: boom") for row in table)
 
 
-def test_warmup_rounds_are_served_in_full_but_not_recorded(monkeypatch):
+def test_warmup_rounds_are_served_in_full_but_not_recorded(monkeypatch, tmp_path):
     served = []  # (seed, concurrency, output_len) of every level served
+    log = tmp_path / "server.log"
 
     def fake_prompts(n, length, seed):
         return [[seed]] * n
 
     def fake_level(url, prompts, c, output_len):
         served.append((prompts[0][0], c, output_len))
+        # the server logs two full-batch decode intervals of this level (the first follows a prefill)
+        with open(log, "a") as f:
+            f.write("\n".join([_prefill_line(c), _decode_line(c, 1.0), _decode_line(c, 100.0 * len(served))]) + "\n")
         return {"tokens_per_s": float(len(served)), "median_itl_ms": 1.0, "accept_length": None}
 
     monkeypatch.setattr(bench_serving, "_prompts", fake_prompts)
@@ -236,6 +277,7 @@ def test_warmup_rounds_are_served_in_full_but_not_recorded(monkeypatch):
 
     class Server:
         base_url = "http://x"
+        log_path = log
 
     runs = {"a": {"server": Server(), "samples": {}}, "dead": {"server": None, "samples": {}}}
     args = type("Args", (), {"concurrency": [2, 4], "prompt_len": 8, "output_len": 32, "repeats": 2, "warmup_rounds": 1})
@@ -250,6 +292,9 @@ def test_warmup_rounds_are_served_in_full_but_not_recorded(monkeypatch):
     # only the measured rounds are recorded, in order
     assert [x["tokens_per_s"] for x in runs["a"]["samples"]["2"]] == [4.0, 6.0]
     assert [x["tokens_per_s"] for x in runs["a"]["samples"]["4"]] == [5.0, 7.0]
+    # each recorded level keeps the pure decode intervals its server logged while it ran, no others
+    assert [x["decode_intervals_tok_s"] for x in runs["a"]["samples"]["2"]] == [[400.0], [600.0]]
+    assert [x["decode_intervals_tok_s"] for x in runs["a"]["samples"]["4"]] == [[500.0], [700.0]]
     assert runs["dead"]["samples"] == {}
 
 
@@ -299,6 +344,28 @@ def test_compare_reads_a_named_configuration_and_says_which_exist(tmp_path, caps
         compare_serving.main([one, f"{two}:eager"])
     with pytest.raises(SystemExit, match="no rounds at concurrency 8"):
         compare_serving.main([one, f"{two}:lazy", "--concurrency", "8"])
+
+
+def test_compare_also_pairs_the_servers_pure_decode_intervals(tmp_path, capsys):
+    def run(tps, intervals):
+        return {"samples": {"64": [{"tokens_per_s": t, "decode_intervals_tok_s": f} for t, f in zip(tps, intervals)]}}
+
+    path = tmp_path / "both.json"
+    with open(path, "w") as f:
+        json.dump({"runs": {
+            "stock": run([100.0, 100.0], [[6900.0, 7000.0, 6800.0], [7000.0, 7100.0]]),
+            "ours": run([101.0, 99.0], [[7600.0, 7800.0, 7700.0], [7700.0, 7600.0, 7800.0, 7900.0]]),
+            "old": {"samples": {"64": [{"tokens_per_s": 100.0}, {"tokens_per_s": 100.0}]}},
+        }}, f)  # fmt: skip
+    assert compare_serving.decode_rounds_of(compare_serving.load_run(f"{path}:stock"), 64) == [6900.0, 7050.0]
+    assert compare_serving.main([f"{path}:stock", f"{path}:ours"]) == 0
+    out = capsys.readouterr().out
+    # by hand: round medians 6900 / 7700 and 7050 / 7750; ratios 1.116, 1.099
+    assert "server's pure decode intervals (full batch, no prefill; median per round): 1.116 1.099;" in out
+    assert "ratio of medians 1.108" in out
+    # a run from before the log parse, or a round without intervals, says so instead
+    assert compare_serving.main([f"{path}:old", f"{path}:ours"]) == 0
+    assert "server's pure decode intervals: not recorded in every round of both runs" in capsys.readouterr().out
 
 
 def test_ring_length_and_radix_cache_flags_reach_the_server_arguments():
