@@ -119,3 +119,20 @@ def test_engine_kwargs():
 def test_free_ports_are_distinct():
     ports = [serving.find_free_port() for _ in range(5)]
     assert len(set(ports)) == 5
+
+
+def test_launcher_runs_launch_server_or_the_sglang_serve_cli():
+    args = ["--model-path", "m"]
+    plain = SGLangServer(args, cpu=False, quiet=True)
+    assert plain.command[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    cli = SGLangServer(args, cpu=False, quiet=True, launcher="serve")
+    assert cli.command[0] == sys.executable and cli.command[-len(cli.args) - 1 :] == ["serve", *cli.args]
+    # the -c program runs what SGLang's `sglang` console script names
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="sglang")
+    module, func = script.value.split(":")
+    assert f"from {module} import {func}" in cli.command[2] and f"sys.exit({func}())" in cli.command[2]
+    assert cli.args[:2] == ["--model-path", "m"] and "--port" in cli.args
+    with pytest.raises(ValueError, match="launcher 'sglang'"):
+        SGLangServer(args, cpu=False, quiet=True, launcher="sglang")

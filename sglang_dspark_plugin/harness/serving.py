@@ -1,4 +1,5 @@
-"""Start and always stop an SGLang server (``python -m sglang.launch_server``) from Python.
+"""Start and always stop an SGLang server (``python -m sglang.launch_server``, or ``sglang serve``
+with ``launcher="serve"``) from Python.
 
 Used by the demo (``python -m sglang_dspark_plugin.harness.demo``), the examples and the e2e tests::
 
@@ -52,6 +53,15 @@ CPU_MAX_TOTAL_TOKENS = 2048
 CPU_MAX_MAMBA_CACHE_SIZE = 16  # DSPARK takes 3 state slots per request: 16 keeps 4 running
 CPU_MAX_RUNNING_REQUESTS = 4
 CPU_CHUNKED_PREFILL_SIZE = 256
+
+# The server's command line before its arguments. "serve" is the ``sglang serve`` CLI, i.e. the
+# console script's ``sglang.cli.main:main`` run by this interpreter (it loads the plugins
+# itself, after dispatching to its LLM backend).
+LAUNCHERS = {
+    "launch_server": [sys.executable, "-m", "sglang.launch_server"],
+    "serve": [sys.executable, "-c", "import sys; from sglang.cli.main import main; sys.argv[0] = 'sglang'; "
+              "sys.exit(main())", "serve"],
+}
 
 
 def cpu_flags(*, speculative: bool) -> List[str]:
@@ -264,7 +274,11 @@ class SGLangServer:
         stop_grace: float = 15.0,
         name: str = "sglang",
         quiet: bool = False,
+        launcher: str = "launch_server",
     ):
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher {launcher!r}: expected one of {sorted(LAUNCHERS)}")
+        self.launcher = launcher
         self.host = host
         self.port = port or find_free_port()
         self.cpu = (not gpu_available()) if cpu is None else cpu
@@ -301,7 +315,7 @@ class SGLangServer:
 
     @property
     def command(self) -> List[str]:
-        return [sys.executable, "-m", "sglang.launch_server", *self.args]
+        return [*LAUNCHERS[self.launcher], *self.args]
 
     @property
     def pid(self) -> Optional[int]:

@@ -53,14 +53,16 @@ class ServerRecord:
     error: str = ""
 
 
-def make_server(name: str, args: List[str], env: Optional[Dict[str, str]] = None) -> SGLangServer:
-    """A not yet started server, registered for the timing summary and the no-orphan check."""
+def make_server(name: str, args: List[str], env: Optional[Dict[str, str]] = None,
+                launcher: str = "launch_server") -> SGLangServer:
+    """A not yet started server, registered for the timing summary and the no-orphan check.
+    ``launcher``: ``python -m sglang.launch_server`` or ``"serve"`` (``sglang serve``)."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     record = ServerRecord(name=name, log=str(LOG_DIR / f"{name}.log"))
     STARTED.append(record)
     log_path = Path(record.log)
     log_path.unlink(missing_ok=True)
-    server = SGLangServer(args, env=env, log_path=log_path, name=f"e2e:{name}")
+    server = SGLangServer(args, env=env, log_path=log_path, name=f"e2e:{name}", launcher=launcher)
     server._record = record
     return server
 

@@ -47,6 +47,7 @@ from e2e_kit import (
     completion,
     completion_stream,
     generate,
+    make_server,
     prefetch_spec_server,
     raw_post,
     start_server,
@@ -317,6 +318,24 @@ def test_rejects_bad_requests_and_keeps_serving(spec, baseline):
     # and it still serves, losslessly
     prompt = PER_CONFIG_PROMPTS[0]
     assert completion(server, prompt) == baseline.completion[prompt]
+
+
+def test_sglang_serve_cli_serves_dspark(baseline):
+    """``sglang serve`` (SGLang's CLI, which loads the plugins itself after picking its LLM
+    backend) with ``--attention-backend dspark`` and DSPARK speculation: the plugin's verify and
+    fold ran, nothing fell back, and /generate and the OpenAI chat API answer as stock SGLang."""
+    config = next(c for c in CONFIGS if c.name == "g3-static-replayssm")
+    server = make_server("sglang-serve-" + config.name, config.args(), env=config.env(), launcher="serve")
+    assert server.command[-len(server.args) - 1] == "serve"
+    start_server(server.name, server.args, server=server)
+    try:
+        for prompt in PER_CONFIG_PROMPTS[:2]:
+            assert generate(server, prompt)["output_ids"] == baseline.generate[prompt]["output_ids"], prompt
+        prompt = PER_CONFIG_PROMPTS[0]
+        assert chat(server, prompt) == baseline.chat[prompt]
+        assert_served_by_plugin(server, config.kernels())
+    finally:
+        stop_server(server)
 
 
 def test_compact_ragged_refused_on_triton_mla():
