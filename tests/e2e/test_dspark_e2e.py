@@ -33,6 +33,8 @@ from sglang_dspark_plugin.harness.serving import ServerStartError, tiny_model_ar
 from sglang_dspark_plugin.harness.tiny_models import DRAFT_DIR, SPS_TABLE_FILE, default_out_dir
 from sglang_dspark_plugin.settings import gpu_available
 
+from served_log import assert_served_by_plugin as assert_served_by_plugin_log
+
 from e2e_kit import (
     MAX_TOKENS,
     PER_CONFIG_PROMPTS,
@@ -336,6 +338,55 @@ def test_sglang_serve_cli_serves_dspark(baseline):
         assert_served_by_plugin(server, config.kernels())
     finally:
         stop_server(server)
+
+
+# sglang.Engine in a fresh interpreter (it spawns its scheduler processes, which inherit the CPU
+# environment): the prompts' greedy output ids as one JSON line.
+ENGINE_SCRIPT = """
+import json, os, sys
+import torch
+from sglang_dspark_plugin.harness.serving import cpu_env, cpu_flags, engine_kwargs, tiny_model_args
+
+def main():
+    prompts, max_tokens = json.loads(sys.argv[1]), int(sys.argv[2])
+    flags = tiny_model_args(3, attention_backend="dspark", replayssm=True)
+    if not torch.cuda.is_available():
+        os.environ.update(cpu_env())
+        flags += cpu_flags(speculative=True)
+    kwargs = engine_kwargs(flags)
+    kwargs.pop("skip_server_warmup", None)
+    kwargs["log_level"] = "info"  # the Engine's default hides the plugin's kernel lines
+    import sglang
+    engine = sglang.Engine(**kwargs)
+    try:
+        outs = engine.generate(prompt=prompts, sampling_params={"max_new_tokens": max_tokens, "temperature": 0})
+    finally:
+        engine.shutdown()
+    print("ENGINE " + json.dumps([o["output_ids"] for o in outs]), flush=True)
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_offline_engine_serves_dspark(baseline, tmp_path):
+    """``sglang.Engine`` (in-process, no HTTP server) with ``attention_backend="dspark"`` and
+    DSPARK speculation: greedy output ids equal stock SGLang's, and the plugin's kernels ran."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "engine_run.py"
+    script.write_text(ENGINE_SCRIPT)
+    prompts = PER_CONFIG_PROMPTS[:2]
+    proc = subprocess.run([sys.executable, str(script), json.dumps(prompts), str(MAX_TOKENS)],
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("ENGINE ")]
+    for prompt, ids in zip(prompts, json.loads(line[len("ENGINE "):])):
+        assert ids == baseline.generate[prompt]["output_ids"], prompt
+    assert_served_by_plugin_log(log, ["mtp_verify (ring)", "replayssm_fold"])
 
 
 def test_compact_ragged_refused_on_triton_mla():
