@@ -98,7 +98,24 @@ def _create_dspark_full_attention_backend(runner):
         raise _registration_error([f"hook on {HOOK_TARGET}"])
     check_ragged_verify_delegate(runner, delegate)
     logger.info("dspark: full-attention (MLA) layers use SGLang's %r backend", delegate)
+    _warn_if_no_kda_layers(runner, delegate)
     return ATTENTION_BACKENDS[delegate](runner)
+
+
+def _warn_if_no_kda_layers(runner, delegate: str) -> None:
+    """``dspark`` on a target model without Kimi-style KDA layers serves it on the delegate alone,
+    exactly as ``--attention-backend <delegate>`` would: say so (a warning, not an error, since the
+    server is correct), so that nobody credits the plugin with that server's speed."""
+    from sglang.srt.configs.hybrid_arch import kimi_linear_config
+
+    if getattr(runner, "is_draft_worker", False) or kimi_linear_config(runner.model_config) is not None:
+        return
+    architectures = getattr(getattr(runner.model_config, "hf_config", None), "architectures", None) or ["this model"]
+    logger.warning(
+        "dspark: %s has no Kimi-style KDA layers: every layer runs on SGLang's %r backend, as with "
+        "--attention-backend %s (dspark's own kernels serve only KDA hybrids such as Kimi-Linear)",
+        architectures[0], delegate, delegate,
+    )
 
 
 def check_ragged_verify_delegate(runner, delegate: str) -> None:

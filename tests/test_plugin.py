@@ -297,7 +297,7 @@ def test_factory_and_hook_build_dspark_kda_backend_for_kimi(registered):
 
 
 @pytest.mark.own_process
-def test_hook_leaves_other_backends_and_models_alone(registered):
+def test_hook_leaves_other_backends_and_models_alone(registered, caplog):
     from transformers import LlamaConfig
 
     from sglang.srt.layers.attention.linear.kda_backend import KDAAttnBackend
@@ -308,9 +308,17 @@ def test_hook_leaves_other_backends_and_models_alone(registered):
     assert type(hybrid.linear_attn_backend) is KDAAttnBackend
     assert not isinstance(hybrid.linear_attn_backend, DSparkKDAAttnBackend)
 
-    # A model without linear attention: the full-attention backend comes back unwrapped.
-    full, wrapped = _build("dspark", hf_config=LlamaConfig(num_hidden_layers=2))
+    # A model without linear attention: the full-attention backend comes back unwrapped, and the
+    # log says that dspark changed nothing for it (the Kimi model under dspark gets no such line).
+    no_kda = "has no Kimi-style KDA layers"
+    llama = LlamaConfig(num_hidden_layers=2, architectures=["LlamaForCausalLM"])
+    with caplog.at_level("WARNING", logger="sglang_dspark_plugin"):
+        _build("dspark")
+        assert no_kda not in caplog.text
+        full, wrapped = _build("dspark", hf_config=llama)
     assert wrapped is full
+    (line,) = [r.getMessage() for r in caplog.records if no_kda in r.getMessage()]
+    assert line.startswith("dspark: LlamaForCausalLM has no Kimi-style KDA layers: every layer runs on SGLang's")
 
 
 def test_unsupported_sglang_version_fails_loudly():
