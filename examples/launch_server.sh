@@ -24,7 +24,10 @@ args=(
   --host 127.0.0.1 --port "${PORT:-30000}"
 )
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  export TRITON_INTERPRET=1
+  # the environment of a CPU-only run (harness.serving.cpu_env): Triton's interpreter, and the
+  # plugin's CPU-only SGLang patches (SGLANG_DSPARK_CPU=1), without which SGLang refuses DSPARK on CPU
+  while read -r kv; do export "${kv?}"; done < <("$PY" -c 'from sglang_dspark_plugin.harness.serving import cpu_env
+for k, v in cpu_env().items(): print(f"{k}={v}")')
   read -r -a cpu < <("$PY" -c 'from sglang_dspark_plugin.harness.serving import cpu_flags; print(" ".join(cpu_flags(speculative=True)))')
   args+=("${cpu[@]}")
 fi

@@ -1,0 +1,63 @@
+"""The examples run as their docstrings say: ``examples/launch_server.sh`` serves the tiny
+Kimi-Linear with ``--attention-backend dspark`` and DSPARK speculation (on a machine without a GPU
+it sets up the CPU run itself), and ``examples/openai_client.py --base-url`` talks to it; its chat
+and completion texts equal stock SGLang's (the session's baseline)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sglang_dspark_plugin.harness.serving import SGLangServer, find_free_port
+
+from e2e_kit import (LOG_DIR, MAX_TOKENS, PROMPTS, STARTED, ServerRecord, assert_served_by_plugin, start_server,
+                     stop_server)
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+class LaunchScriptServer(SGLangServer):
+    """``examples/launch_server.sh`` under the harness's start / health / stop handling."""
+
+    @property
+    def command(self):
+        return ["bash", str(EXAMPLES / "launch_server.sh"), *self.args]
+
+
+def _printed(out: str, label: str) -> str:
+    """The text ``openai_client.py`` printed after ``label (<seconds> s): `` (a Python repr)."""
+    (line,) = [ln for ln in out.splitlines() if ln.startswith(label + " (")]
+    return ast.literal_eval(line.split("): ", 1)[1])
+
+
+def test_launch_server_script_and_openai_client(baseline):
+    port = find_free_port()
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    record = ServerRecord(name="example-launch-server", log=str(LOG_DIR / "example-launch-server.log"))
+    STARTED.append(record)
+    # cpu=False: the harness adds no CPU flags or environment; the script must set up a CPU run itself
+    server = LaunchScriptServer([], cpu=False, port=port, env={"PYTHON": sys.executable, "PORT": str(port)},
+                                log_path=record.log, name="e2e:example-launch-server")  # fmt: skip
+    for name in ("TRITON_INTERPRET", "SGLANG_DSPARK_CPU"):
+        server.env.pop(name, None)
+    server._record = record
+    start_server(record.name, [], server=server)
+    try:
+        prompt = PROMPTS[0]
+        client = subprocess.run(
+            [sys.executable, str(EXAMPLES / "openai_client.py"), "--base-url", server.base_url + "/v1",
+             "--prompt", prompt, "--max-tokens", str(MAX_TOKENS)],
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert client.returncode == 0, client.stdout[-2000:] + client.stderr[-2000:]
+        assert _printed(client.stdout, "chat") == baseline.chat[prompt]["text"]
+        assert _printed(client.stdout, "completion") == baseline.completion[prompt]["text"]
+        assert_served_by_plugin(server, ["mtp_verify (snapshot)"])
+    finally:
+        stop_server(server)
