@@ -9,7 +9,6 @@ as the server (``sglang_dspark_plugin.harness.serving.cpu_flags``).
 """
 
 import argparse
-import os
 import sys
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "Write a short poem about the sea."]
@@ -21,18 +20,10 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
 
-    import torch
+    from sglang_dspark_plugin.harness.serving import tiny_engine_kwargs, tiny_model_args
 
-    from sglang_dspark_plugin.harness.serving import cpu_env, cpu_flags, engine_kwargs, tiny_model_args
-
-    flags = tiny_model_args(args.gamma, attention_backend="dspark")
-    if not torch.cuda.is_available():
-        # The engine's scheduler process inherits this environment: Triton's interpreter must be
-        # on before it defines any kernel.
-        os.environ.update(cpu_env())
-        flags += cpu_flags(speculative=True)
-    kwargs = engine_kwargs(flags)
-    kwargs.pop("skip_server_warmup", None)  # an HTTP-server option; the Engine has no warmup
+    # without a GPU this also sets the CPU environment, which the engine's processes inherit
+    kwargs = tiny_engine_kwargs(tiny_model_args(args.gamma, attention_backend="dspark"))
 
     import sglang
 

@@ -136,3 +136,17 @@ def test_launcher_runs_launch_server_or_the_sglang_serve_cli():
     assert cli.args[:2] == ["--model-path", "m"] and "--port" in cli.args
     with pytest.raises(ValueError, match="launcher 'sglang'"):
         SGLangServer(args, cpu=False, quiet=True, launcher="sglang")
+
+
+def test_tiny_engine_kwargs_adds_the_cpu_run_without_a_gpu(monkeypatch):
+    args = serving.tiny_model_args(3, attention_backend="dspark")
+    for name in serving.cpu_env():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(serving, "gpu_available", lambda: False)
+    kw = serving.tiny_engine_kwargs(args)
+    assert kw["device"] == "cpu" and kw["speculative_draft_attention_backend"] == "triton"
+    assert kw["attention_backend"] == "dspark" and "skip_server_warmup" not in kw
+    assert {k: os.environ.get(k) for k in serving.cpu_env()} == serving.cpu_env()  # the engine's processes inherit it
+    monkeypatch.setattr(serving, "gpu_available", lambda: True)
+    assert serving.tiny_engine_kwargs(args) == {k: v for k, v in serving.engine_kwargs(args).items()
+                                                if k != "skip_server_warmup"}

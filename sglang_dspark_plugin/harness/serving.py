@@ -199,6 +199,22 @@ def tiny_model_args(
     return args + list(extra)
 
 
+def tiny_engine_kwargs(args: Sequence[str]) -> Dict[str, object]:
+    """``sglang.Engine(**kwargs)`` keyword arguments for ``launch_server`` flags of a bundled test
+    model (:func:`tiny_model_args`), the Engine's counterpart of what :class:`SGLangServer` adds:
+    without a GPU the CPU flags, and the CPU environment set in ``os.environ`` (the Engine's
+    scheduler processes inherit it; Triton's interpreter must be on before any kernel is defined).
+    ``--skip-server-warmup`` is an HTTP-server option and is dropped."""
+    args = list(args)
+    if not gpu_available():
+        os.environ.update(cpu_env())
+        speculative = _flag_value(args, "--speculative-algorithm") is not None
+        args = _merge_flags(args, cpu_flags(speculative=speculative))
+    kwargs = engine_kwargs(args)
+    kwargs.pop("skip_server_warmup", None)
+    return kwargs
+
+
 def engine_kwargs(args: Sequence[str]) -> Dict[str, object]:
     """Turn ``launch_server`` flags into ``sglang.Engine(**kwargs)`` keyword arguments
     (``--max-total-tokens 2048`` -> ``max_total_tokens=2048``, a bare ``--flag`` -> True)."""

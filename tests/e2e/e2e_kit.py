@@ -54,15 +54,15 @@ class ServerRecord:
 
 
 def make_server(name: str, args: List[str], env: Optional[Dict[str, str]] = None,
-                launcher: str = "launch_server") -> SGLangServer:
+                server_cls=SGLangServer, **server_kwargs) -> SGLangServer:
     """A not yet started server, registered for the timing summary and the no-orphan check.
-    ``launcher``: ``python -m sglang.launch_server`` or ``"serve"`` (``sglang serve``)."""
+    ``server_kwargs`` go to ``server_cls`` (e.g. ``launcher="serve"`` for ``sglang serve``)."""
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     record = ServerRecord(name=name, log=str(LOG_DIR / f"{name}.log"))
     STARTED.append(record)
     log_path = Path(record.log)
     log_path.unlink(missing_ok=True)
-    server = SGLangServer(args, env=env, log_path=log_path, name=f"e2e:{name}", launcher=launcher)
+    server = server_cls(args, env=env, log_path=log_path, name=f"e2e:{name}", **server_kwargs)
     server._record = record
     return server
 

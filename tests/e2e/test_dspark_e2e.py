@@ -21,7 +21,10 @@ one-token next-token function, see ``tiny_models.py`` and docs/e2e.md).
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -343,18 +346,12 @@ def test_sglang_serve_cli_serves_dspark(baseline):
 # sglang.Engine in a fresh interpreter (it spawns its scheduler processes, which inherit the CPU
 # environment): the prompts' greedy output ids as one JSON line.
 ENGINE_SCRIPT = """
-import json, os, sys
-import torch
-from sglang_dspark_plugin.harness.serving import cpu_env, cpu_flags, engine_kwargs, tiny_model_args
+import json, sys
+from sglang_dspark_plugin.harness.serving import tiny_engine_kwargs, tiny_model_args
 
 def main():
     prompts, max_tokens = json.loads(sys.argv[1]), int(sys.argv[2])
-    flags = tiny_model_args(3, attention_backend="dspark", replayssm=True)
-    if not torch.cuda.is_available():
-        os.environ.update(cpu_env())
-        flags += cpu_flags(speculative=True)
-    kwargs = engine_kwargs(flags)
-    kwargs.pop("skip_server_warmup", None)
+    kwargs = tiny_engine_kwargs(tiny_model_args(3, attention_backend="dspark", replayssm=True))
     kwargs["log_level"] = "info"  # the Engine's default hides the plugin's kernel lines
     import sglang
     engine = sglang.Engine(**kwargs)
@@ -372,10 +369,6 @@ if __name__ == "__main__":
 def test_offline_engine_serves_dspark(baseline, tmp_path):
     """``sglang.Engine`` (in-process, no HTTP server) with ``attention_backend="dspark"`` and
     DSPARK speculation: greedy output ids equal stock SGLang's, and the plugin's kernels ran."""
-    import json
-    import subprocess
-    import sys
-
     script = tmp_path / "engine_run.py"
     script.write_text(ENGINE_SCRIPT)
     prompts = PER_CONFIG_PROMPTS[:2]

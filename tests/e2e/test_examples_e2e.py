@@ -14,8 +14,7 @@ import pytest
 
 from sglang_dspark_plugin.harness.serving import SGLangServer, find_free_port
 
-from e2e_kit import (LOG_DIR, MAX_TOKENS, PROMPTS, STARTED, ServerRecord, assert_served_by_plugin, start_server,
-                     stop_server)
+from e2e_kit import MAX_TOKENS, PROMPTS, assert_served_by_plugin, make_server, start_server, stop_server
 
 pytestmark = pytest.mark.e2e
 
@@ -38,16 +37,12 @@ def _printed(out: str, label: str) -> str:
 
 def test_launch_server_script_and_openai_client(baseline):
     port = find_free_port()
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    record = ServerRecord(name="example-launch-server", log=str(LOG_DIR / "example-launch-server.log"))
-    STARTED.append(record)
     # cpu=False: the harness adds no CPU flags or environment; the script must set up a CPU run itself
-    server = LaunchScriptServer([], cpu=False, port=port, env={"PYTHON": sys.executable, "PORT": str(port)},
-                                log_path=record.log, name="e2e:example-launch-server")  # fmt: skip
+    server = make_server("example-launch-server", [], env={"PYTHON": sys.executable, "PORT": str(port)},
+                         server_cls=LaunchScriptServer, cpu=False, port=port)  # fmt: skip
     for name in ("TRITON_INTERPRET", "SGLANG_DSPARK_CPU"):
         server.env.pop(name, None)
-    server._record = record
-    start_server(record.name, [], server=server)
+    start_server("example-launch-server", [], server=server)
     try:
         prompt = PROMPTS[0]
         client = subprocess.run(
