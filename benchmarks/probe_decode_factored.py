@@ -13,7 +13,10 @@ paid, R slot sets so the state does not sit in L2):
    ``benchmarks/next/decode-two-launch.patch`` the step in two launches (a per-head kernel and a
    state-tile kernel) at seven tiles / PDL settings; with
    ``benchmarks/next/decode-prefetch-regcap.patch`` register caps and a prefetch of the next
-   state tile;
+   state tile; ``benchmarks/next/decode-early-stores.patch`` (applies to main of 2026-12-05) changes
+   no option: run the probe before and after applying it (``--tag``) to time the step with its conv
+   shift and ring row stores ahead of the V loop (237 -> 214 registers at 32 x 1, 227 -> 167 at
+   32 x 2: ``benchmarks/sass_report.py decode --buffered --factored``);
 2. with ``--stream``, minimal kernels with the factored step's state access and nothing else
    (two row sums of the checkpoint tile per V-tile, one ``[V]`` store): the ceiling of that
    structure, per layout and grid (the same grid, a grid split over V-tiles, K split into chunks
@@ -24,7 +27,7 @@ paid, R slot sets so the state does not sit in L2):
 
 Runs: docs/lazy-flush.md, twenty-fourth and twenty-fifth sessions.
 
-Prints one line per timing and writes ``probe_decode_factored.json`` to ``$OUT`` (or ./out).
+Prints one line per timing and writes ``probe_decode_factored[_TAG].json`` to ``$OUT`` (or ./out).
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ def _stream_two_products_kchunks(ssm_ptr, slot_ptr, x_ptr, y_ptr, out_ptr, s_slo
 # (block_v, num_warps, flush_dot, flush_block_v): the flush pass as rank-1 terms ("", the kernel's) or,
 # with ``git apply benchmarks/next/decode-flush-dot.patch``, one tl.dot per tile of flush_block_v rows
 _FLUSH_DOT = "flush_dot" in inspect.signature(BK.decode).parameters
-FLUSH_VARIANTS = [(bv, w, fd, bvf) for bv, w in ((32, 1), (128, 4), (64, 2))
+FLUSH_VARIANTS = [(bv, w, fd, bvf) for bv, w in ((32, 1), (128, 4), (64, 2), (32, 2), (16, 1))
                   for fd, bvf in (("", 32), ("ieee", 16), ("ieee", 32), ("tf32x3", 16)) if fd == "" or _FLUSH_DOT]
 
 # (block_v, num_warps, max_registers, prefetch): the factored step's tiles with a cap on registers
@@ -174,6 +177,8 @@ def main():
     ap.add_argument("--H", type=int, default=32)
     ap.add_argument("--rep", type=int, default=30)
     ap.add_argument("--stream", action="store_true", help="also time the minimal streaming kernels")
+    ap.add_argument("--tag", default="", help="suffix of the output file (probe_decode_factored_TAG.json), to "
+                    "keep the runs of one call apart (before / after a patch)")
     args = ap.parse_args()
     out_dir = os.environ.get("OUT") or os.path.join(BK.ROOT, "out")
     os.makedirs(out_dir, exist_ok=True)
@@ -240,7 +245,8 @@ def main():
             stream_only(N, H, pool, insts, timed)
         del pool, insts
         torch.cuda.empty_cache()
-    with open(os.path.join(out_dir, "probe_decode_factored.json"), "w") as f:
+    name = "probe_decode_factored" + (f"_{args.tag}" if args.tag else "") + ".json"
+    with open(os.path.join(out_dir, name), "w") as f:
         json.dump(dict(env=BK.environment(sys.argv), bandwidth_tbs=bw, rows=rows), f, indent=1)
 
 
