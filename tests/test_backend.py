@@ -222,6 +222,14 @@ def test_verify_commit_equals_accepted_decode(gamma, mode, replayssm, dtype, mon
 
     real_densify = backend_module.densify_verify_batch
     monkeypatch.setattr(backend_module, "densify_verify_batch", densify_spy)
+    decode_calls = []
+    real_decode = backend_module.decode
+
+    def decode_spy(*args, **kwargs):
+        decode_calls.append(args[0].shape[1])  # tokens of q [1, B, H, 128]
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(backend_module, "decode", decode_spy)
 
     tol = TOLERANCE[dtype]
     window = gamma + 1
@@ -288,6 +296,8 @@ def test_verify_commit_equals_accepted_decode(gamma, mode, replayssm, dtype, mon
                 ForwardMode.DECODE, [1] * len(live), mixed_qkv[rows], a[rows], b[:, rows],
                 rpi=setup.rpi[live],
             )
+        # every decode step ran the plugin's decode kernel on its live requests (no fallback)
+        assert decode_calls == [sum(c > t for c in commit) for t in range(max(commit))]
         for s in setup.slots:
             assert rel_err(setup.cache.temporal[0, s], committed[s][0]) <= tol["state"]
             assert rel_err(setup.cache.conv[0][0, s], committed[s][1]) <= tol["conv"]
@@ -349,6 +359,49 @@ def test_fallback_matches_sglang_parent(caplog):
     for ours, stock in zip(*results):
         assert torch.equal(ours, stock)
     assert "conv bias is set" in caplog.text
+
+
+def test_fallback_after_a_plugin_verify_commits_through_sglang(monkeypatch):
+    """ReplaySSM, two verify + commit cycles: the first through the plugin (its fold commits), the
+    second falls back (a conv bias appears). The fallback must clear the plugin's verify flag so
+    that SGLang's own commit matches SGLang's verify (the plugin's fold must not run), and both
+    cycles must end where stock SGLang's run of the same tokens ends."""
+    from sglang_dspark_plugin import commit as commit_module
+
+    folds = []
+    real_fold = commit_module.replayssm_fold
+
+    def fold_spy(*args, **kwargs):
+        folds.append(1)
+        return real_fold(*args, **kwargs)
+
+    monkeypatch.setattr(commit_module, "replayssm_fold", fold_spy)
+    window = 3
+    results = {}
+    for backend in ("dspark", "triton"):
+        setup = Setup(window=window, replayssm=True, backend=backend, seed=13)
+        try:
+            torch.manual_seed(17)
+            cycles = [setup.tokens(NUM_REQ * window) for _ in range(2)]
+            outs = []
+            for cycle, (tokens, accept) in enumerate(zip(cycles, ([3, 1, 2], [2, 3, 1]))):
+                if cycle == 1:
+                    setup.layer.bias = torch.zeros(D)  # outside the plugin's fast path
+                folds.clear()
+                outs.append(setup.verify(*tokens))
+                if backend == "dspark":
+                    assert setup.linear.last_verify_used_plugin is (cycle == 0)
+                setup.commit(accept)
+                if backend == "dspark":
+                    assert folds == ([1] if cycle == 0 else []), cycle  # the plugin's fold only after its verify
+            results[backend] = (outs, setup.cache.temporal[0].clone(), setup.cache.conv[0][0].clone())
+        finally:
+            setup.close()
+    (ours, state, conv), (stock, stock_state, stock_conv) = results["dspark"], results["triton"]
+    for cycle in range(2):
+        assert rel_err(ours[cycle], stock[cycle]) <= 1e-5, cycle
+    assert rel_err(state, stock_state) <= 1e-5
+    assert rel_err(conv, stock_conv) <= 1e-6
 
 
 def test_bad_layout_raises_documented_error():
@@ -416,19 +469,30 @@ def test_radix_track_snapshot_is_written(replayssm):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_buffered_decode_keeps_sglangs_ring_contract(dtype):
+def test_buffered_decode_keeps_sglangs_ring_contract(dtype, monkeypatch):
     """--enable-linear-replayssm (plain decode, no speculation): the dspark decode reads and writes
     SGLang's decode ring under SGLang's own cursor (the hybrid backend snapshots and advances
     ``replayssm_write_pos`` per step, wrapping at L - 1 with a flush). Across two wraps: outputs
     equal the float64 sequential reference, the cursor is where SGLang puts it, and the pool state
     plus the ring rows SGLang says are pending give the reference state."""
+    from sglang_dspark_plugin import backend as backend_module
+
     L = 4
     steps = 2 * L + 2
+    ring_calls = []
+    real_decode = backend_module.decode
+
+    def decode_spy(*args, **kwargs):
+        ring_calls.append(kwargs.get("ring_d") is not None and kwargs.get("write_pos") is not None)
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(backend_module, "decode", decode_spy)
     setup = Setup(window=1, replayssm=False, seed=11, dtype=dtype, decode_ring_len=L)
     try:
         s0, c0 = setup.state()
         tokens = [setup.tokens(NUM_REQ) for _ in range(steps)]
         outs = [setup.run(ForwardMode.DECODE, [1] * NUM_REQ, *tok) for tok in tokens]
+        assert ring_calls == [True] * steps  # the plugin's kernel, through the ring, every step
         pool = setup.runner.req_to_token_pool.mamba_pool
         tol = TOLERANCE[dtype]
         for r, slot in enumerate(setup.slots):
