@@ -241,8 +241,8 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         streaming sessions keep the lazy ring off). Called from every eager metadata hook of an
         extend: the eager path, the breakable prefill graph's refresh and the full graph's."""
         mode = forward_batch.forward_mode
-        if (self.record_cursor is None or not mode.is_extend() or mode.is_target_verify()
-                or mode.is_draft_extend_v2()):
+        # (is_extend() includes the target verify, and leaves out the draft's extend)
+        if self.record_cursor is None or not mode.is_extend() or mode.is_target_verify():
             return
         slots = self._translate_mamba_indices(self.req_to_token_pool.get_mamba_indices(forward_batch.req_pool_indices))
         self.record_cursor.index_fill_(0, slots.clamp(min=0).long(), 0)  # not `[i] = 0`: a host copy, a sync

@@ -404,6 +404,48 @@ def test_fallback_after_a_plugin_verify_commits_through_sglang(monkeypatch):
     assert rel_err(conv, stock_conv) <= 1e-6
 
 
+@pytest.mark.parametrize("lower_bound", [None, -5.0], ids=["softplus-gate", "lower-bound-gate"])
+def test_reference_agrees_with_sglangs_own_kda(lower_bound):
+    """The oracle of these tests and of tests/kernels, ``kernels.reference``, against SGLang's own
+    KDA code (its stock ``triton`` backend, fp32): decode steps, and a DSPARK verify with its
+    ReplaySSM commit, for both gates. Without it a misreading of KDA shared by the reference and
+    our kernels (gate, norms, conv) would pass every other unit test."""
+    setup = Setup(window=1, replayssm=False, backend="triton", lower_bound=lower_bound, seed=21)
+    try:
+        s0, c0 = setup.state()
+        tokens = [setup.tokens(NUM_REQ) for _ in range(3)]
+        outs = [setup.run(ForwardMode.DECODE, [1] * NUM_REQ, *tok) for tok in tokens]
+        for r, slot in enumerate(setup.slots):
+            mixed = torch.cat([tok[0][r : r + 1] for tok in tokens])
+            a = torch.cat([tok[1][r : r + 1] for tok in tokens])
+            b = torch.cat([tok[2][:, r : r + 1] for tok in tokens], dim=1)
+            out_ref, state_ref, conv_ref = setup.reference(s0, c0, mixed, a, b, slot)
+            out = torch.stack([o.view(NUM_REQ, H, 128)[r] for o in outs])
+            assert rel_err(out, out_ref) <= 1e-5, ("decode out", rel_err(out, out_ref))
+            assert rel_err(setup.cache.temporal[0, slot], state_ref) <= 1e-5
+            assert rel_err(setup.cache.conv[0][0, slot], conv_ref) <= 1e-6
+    finally:
+        setup.close()
+    window = 4
+    setup = Setup(window=window, replayssm=True, backend="triton", lower_bound=lower_bound, seed=22)
+    try:
+        s0, c0 = setup.state()
+        mixed_qkv, a, b = setup.tokens(NUM_REQ * window)
+        out = setup.verify(mixed_qkv, a, b)
+        accept = [4, 1, 3]
+        setup.commit(accept)
+        for i, slot in enumerate(setup.slots):
+            rows = list(range(i * window, (i + 1) * window))
+            ref_out, _, _ = setup.reference(s0, c0, mixed_qkv[rows], a[rows], b[:, rows], slot)
+            assert rel_err(out[0, rows], ref_out) <= 1e-5, ("verify out", i)
+            kept = rows[: accept[i]]
+            _, state_ref, conv_ref = setup.reference(s0, c0, mixed_qkv[kept], a[kept], b[:, kept], slot)
+            assert rel_err(setup.cache.temporal[0, slot], state_ref) <= 1e-5, ("state", i)
+            assert rel_err(setup.cache.conv[0][0, slot], conv_ref) <= 1e-6, ("conv", i)
+    finally:
+        setup.close()
+
+
 def test_bad_layout_raises_documented_error():
     setup = Setup(window=2, replayssm=False, seed=5)
     try:
@@ -561,6 +603,7 @@ def test_lazy_record_ring_through_sglang(dtype, window, caplog, monkeypatch):
             out = setup.verify(mixed_qkv, a, b)
             accept = [rng.randint(1, window) for _ in range(NUM_REQ)]
             track_step = rng.randint(0, accept[0] - 1)
+            cursor[POOL] = 1 + cycle % L  # stale records in the track slot: the snapshot must end them
             setup.hybrid.update_mamba_state_after_mtp_verify(
                 torch.tensor(accept) - 1, torch.tensor([POOL, 0, 0]), torch.tensor([track_step, -1, -1]), model=None)
             for i, slot in enumerate(setup.slots):
@@ -648,6 +691,24 @@ def test_lazy_record_ring_guards():
             assert syncs.count == syncs.scalar_assigns == 0, hook  # the reset: no host sync at a prefill either
             assert all(int(cursor[s]) == 0 for s in setup.slots), hook
             assert int(cursor[POOL]) == 3  # other slots keep their records
+
+        # not restarted: a graph capture's dummy batch, and the extends of speculation (the target
+        # verify, the draft's extend), which continue the working slots' records
+        fb = make_forward_batch(setup.runner, ForwardMode.EXTEND, setup.rpi, [2] * NUM_REQ)
+        cursor.fill_(3)
+        parent = KDAAttnBackend.init_forward_metadata_out_graph
+        try:
+            KDAAttnBackend.init_forward_metadata_out_graph = lambda self, *a, **k: None
+            linear.init_forward_metadata_out_graph(fb, in_capture=True)
+        finally:
+            KDAAttnBackend.init_forward_metadata_out_graph = parent
+        for mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2):
+            fb.forward_mode = mode
+            linear._restart_records(fb)
+        assert all(int(cursor[s]) == 3 for s in setup.slots)
+        fb.forward_mode = ForwardMode.EXTEND
+        linear._restart_records(fb)
+        assert all(int(cursor[s]) == 0 for s in setup.slots)
 
         # a second backend on the pool follows the first one's decision
         again = type(linear).__new__(type(linear))

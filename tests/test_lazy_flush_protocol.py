@@ -1,7 +1,12 @@
 """The lazy-flush speculative ring's protocol (issue 15, docs/lazy-flush.md) against the eager
 per-token recurrence: outputs, the materialised state after every commit, and the checkpoint
 invariant SGLang's no_buffer finish path relies on, over 200 steps with random accept lengths,
-across flushes, for two slots at once (reference only: no kernel implements the protocol yet)."""
+across flushes, for two slots at once.
+
+This checks the protocol as the float64 reference states it (``reference.lazy_verify_ref`` /
+``lazy_commit_ref``, the design's executable spec), not the kernels: those implement it as
+``mtp_verify(..., record_cursor=)`` and ``kernels.record_ring``, and
+``tests/kernels/test_lazy_records.py`` checks them against an uninterrupted float64 run."""
 
 import pytest
 import torch

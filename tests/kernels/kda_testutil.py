@@ -37,6 +37,20 @@ def tol(dtype: torch.dtype) -> float:
     return 1e-5 if dtype == torch.float32 else 1e-2
 
 
+def state_tol(dtype: torch.dtype) -> float:
+    """Bound on the fp32 recurrent state's error against the float64 reference, per activation
+    dtype. Kernel and reference both round the conv outputs to bf16, so the state carries only
+    fp32 arithmetic either way: 1e-5 (measured <= 1.3e-7 on CPU; a kernel that skips the rounding
+    of one conv output measures 1.4e-4 to 9e-4). The exception is a conv output whose fp32 and
+    float64 values round to different bf16 neighbours (~2e-5 of the elements, ~1e-4 each): the
+    CPU tests' fixed seeds have none; on CUDA (larger shapes, other fp32 orders) one may occur,
+    so bf16 states get 1e-3 there, where the byte-equality tests between the kernels (which
+    share the rounding helper) remain."""
+    if dtype == torch.float32 or not torch.cuda.is_available():
+        return 1e-5
+    return 1e-3
+
+
 def same_bytes(x: torch.Tensor, y: torch.Tensor) -> bool:
     """Bitwise equality (NaN-safe)."""
     if x.shape != y.shape or x.dtype != y.dtype:

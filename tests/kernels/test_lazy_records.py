@@ -75,6 +75,7 @@ def test_lazy_ring_trajectory(num_spec, L, split, cycles, block_v):
         acc_t = torch.tensor(accept, dtype=torch.int32, device=dev)
         # request 0 tracks a step it accepted; request 2 names a step past its accepted ones (none taken)
         i32 = dict(dtype=torch.int32, device=dev)
+        cursor[track_slot] = 1 + cycle % L  # records of the slot's last owner: the snapshot ends them
         counts, dst = commit_records(cursor, p.slot_indices, acc_t, p.conv_state[None], icw[None],
                                      p.intermediate_rows, steps=steps, ring_len=L,
                                      track_slot_indices=torch.tensor([track_slot, 2, spare_slot], **i32),
@@ -186,11 +187,12 @@ def test_materialize_records_writes_only_the_live_rows_among_many():
 @pytest.mark.parametrize("split", [False, True], ids=["fp32-deltas", "split-deltas"])
 def test_materialize_records_against_reference(split):
     """``materialize_records`` (all layers, a copy into another slot, an in-place flush, skipped
-    rows) against its step-by-step float64 reference."""
+    rows, a copy of a checkpoint with no pending records) against its step-by-step float64
+    reference."""
     from sglang_dspark_plugin.kernels.reference import materialize_records_ref
 
     g = torch.Generator().manual_seed(11)
-    layers, slots, H, L = 2, 5, 2, 8
+    layers, slots, H, L = 2, 6, 2, 8
     dev = "cuda" if CUDA else "cpu"
 
     def rn(*shape, scale=1.0):
@@ -207,12 +209,13 @@ def test_materialize_records_against_reference(split):
     else:
         delta = d
     i32 = dict(dtype=torch.int32, device=dev)
-    src, cnt, dst = (torch.tensor(x, **i32) for x in ([1, 2, -1, 3], [5, 3, 2, 0], [4, 2, 0, -1]))
+    src, cnt, dst = (torch.tensor(x, **i32) for x in ([1, 2, -1, 3, 3], [5, 3, 2, 0, 0], [4, 2, 0, -1, 5]))
     want = ssm.to(F64)
     materialize_records_ref(want, rawk, gate, rk, delta, src, cnt, dst)
     before = ssm.clone()
     materialize_records(ssm, rawk, gate, rk, delta, src, cnt, dst)
     for s in (4, 2):
         assert rel_err(ssm[:, s], want[:, s]) <= 1e-5, s
+    assert same_bytes(ssm[:, 5], before[:, 3])  # no records: the checkpoint itself
     for s in (0, 1, 3):  # sources, the skipped rows' slots
         assert same_bytes(ssm[:, s], before[:, s]), s

@@ -53,9 +53,16 @@ def test_fold_equals_snapshot_every_accept_length(num_spec, dtype, lb):
     for shift in range(steps + 1):
         acc = [(shift + 2 * n) % (steps + 1) for n in range(p.N)]
         track_steps = [a - 2 if a >= 2 else -1 for a in acc]  # state after step a-2 -> spare slots
-        ssm, conv = v["ssm"].clone(), v["conv"].clone()
+        # the pool's states behind one guard slot: a write to slot -1 of layer 0 lands there
+        layers, slots_ = v["ssm"].shape[:2]
+        guarded = torch.full((1 + layers * slots_, *v["ssm"].shape[2:]), 7.0, device=dev)
+        ssm = guarded[1:].view(v["ssm"].shape)
+        ssm.copy_(v["ssm"])
+        conv = v["conv"].clone()
         spare = {0: 0, 1: 2, 3: 4}  # request -> its track slot (slots no request folds into)
         tslots = [spare.get(n, -1) for n in range(p.N)]
+        if shift % 2:  # a live request with a track step but no track slot: nothing to write
+            tslots[3] = -1  # (slot -1 of layer 1 would be layer 0's slot 6, checked untouched)
         ret = replayssm_fold(
             ssm, **v["rings"], slot_indices=p.slot_indices,
             accept_lens=torch.tensor(acc, dtype=torch.int32, device=dev),
@@ -63,6 +70,7 @@ def test_fold_equals_snapshot_every_accept_length(num_spec, dtype, lb):
             track_slot_indices=torch.tensor(tslots, dtype=torch.int32, device=dev),
             track_steps=torch.tensor(track_steps, dtype=torch.int32, device=dev))
         assert ret is ssm
+        assert torch.all(guarded[0] == 7.0), "slot -1 written"
         touched = set()
         for n, (slot, row, a) in enumerate(zip(slots, rows, acc)):
             if slot < 0 or a == 0:
@@ -72,7 +80,7 @@ def test_fold_equals_snapshot_every_accept_length(num_spec, dtype, lb):
             assert rel_err(ssm[:, slot], want) <= 1e-6, (n, a, rel_err(ssm[:, slot], want))
             bit_exact &= same_bytes(ssm[:, slot], want)
             assert torch.equal(conv[:, slot], v["icw"][:, row, a - 1])
-            if track_steps[n] >= 0:
+            if track_steps[n] >= 0 and tslots[n] >= 0:
                 touched.add(tslots[n])
                 assert rel_err(ssm[:, tslots[n]], v["issm"][:, row, track_steps[n]]) <= 1e-6
         for s in range(p.slots):

@@ -192,7 +192,11 @@ def test_fold_rejects(case):
 
 
 def test_fold_valid_args_and_single_layer_accepted():
+    """Validation only (the fold's maths: tests/kernels/test_replayssm_fold.py): the valid
+    arguments of the reject cases above pass, in the all-layer and the single-layer form, and
+    the fold works in place on the tensor given."""
     ssm, kw = _fold_args()
-    replayssm_fold(ssm, **kw)  # all-layer form
+    assert replayssm_fold(ssm, **kw) is ssm  # all-layer form
     single = {k: (v[0] if k not in ("slot_indices", "accept_lens", "intermediate_rows") else v) for k, v in kw.items()}
-    replayssm_fold(ssm[0], **single)  # single-layer form
+    layer0 = ssm[0]
+    assert replayssm_fold(layer0, **single) is layer0  # single-layer form

@@ -5,7 +5,7 @@ both modes, and decode at several tiles."""
 import pytest
 import torch
 
-from kda_testutil import F64, make_problem, rel_err, same_bytes, tol
+from kda_testutil import F64, make_problem, rel_err, same_bytes, state_tol, tol
 
 from sglang_dspark_plugin.kernels import decode, mtp_verify
 from sglang_dspark_plugin.kernels import reference as R
@@ -123,7 +123,7 @@ def test_decode_variants(block_v, num_warps):
     assert (out[0, 1] == 0).all()
     for s in range(p.slots):
         if s in (3, 0):
-            assert rel_err(p.ssm_state[s], ssm_r[s]) <= 1e-3
+            assert rel_err(p.ssm_state[s], ssm_r[s]) <= state_tol(torch.bfloat16)
             assert torch.equal(p.conv_state[s].to(F64), conv_r[s])
         else:
             assert same_bytes(p.ssm_state[s], before[s])
