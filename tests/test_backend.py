@@ -170,6 +170,15 @@ class Setup:
             lower_bound=self.layer.lower_bound, state=s0[slot], window=c0[slot],
         )
 
+    def decoded_request(self, s0, c0, tokens, outs, r):
+        """Request ``r``'s outputs over decode steps (``tokens``: one ``tokens(NUM_REQ)`` per step,
+        ``outs``: the steps' outputs) and its float64 reference (outputs, state, conv window)."""
+        mixed = torch.cat([tok[0][r : r + 1] for tok in tokens])
+        a = torch.cat([tok[1][r : r + 1] for tok in tokens])
+        b = torch.cat([tok[2][:, r : r + 1] for tok in tokens], dim=1)
+        out = torch.stack([o.view(NUM_REQ, H, 128)[r] for o in outs])
+        return out, self.reference(s0, c0, mixed, a, b, self.slots[r])
+
 
 def _token_rows(verify_lens, window, ragged):
     """Per request: the row indices of its tokens in the packed batch."""
@@ -416,11 +425,7 @@ def test_reference_agrees_with_sglangs_own_kda(lower_bound):
         tokens = [setup.tokens(NUM_REQ) for _ in range(3)]
         outs = [setup.run(ForwardMode.DECODE, [1] * NUM_REQ, *tok) for tok in tokens]
         for r, slot in enumerate(setup.slots):
-            mixed = torch.cat([tok[0][r : r + 1] for tok in tokens])
-            a = torch.cat([tok[1][r : r + 1] for tok in tokens])
-            b = torch.cat([tok[2][:, r : r + 1] for tok in tokens], dim=1)
-            out_ref, state_ref, conv_ref = setup.reference(s0, c0, mixed, a, b, slot)
-            out = torch.stack([o.view(NUM_REQ, H, 128)[r] for o in outs])
+            out, (out_ref, state_ref, conv_ref) = setup.decoded_request(s0, c0, tokens, outs, r)
             assert rel_err(out, out_ref) <= 1e-5, ("decode out", rel_err(out, out_ref))
             assert rel_err(setup.cache.temporal[0, slot], state_ref) <= 1e-5
             assert rel_err(setup.cache.conv[0][0, slot], conv_ref) <= 1e-6
@@ -538,11 +543,7 @@ def test_buffered_decode_keeps_sglangs_ring_contract(dtype, monkeypatch):
         pool = setup.runner.req_to_token_pool.mamba_pool
         tol = TOLERANCE[dtype]
         for r, slot in enumerate(setup.slots):
-            mixed = torch.cat([tok[0][r : r + 1] for tok in tokens])
-            a = torch.cat([tok[1][r : r + 1] for tok in tokens])
-            b = torch.cat([tok[2][:, r : r + 1] for tok in tokens], dim=1)
-            out_ref, state_ref, conv_ref = setup.reference(s0, c0, mixed, a, b, slot)
-            out = torch.stack([o.view(NUM_REQ, H, 128)[r] for o in outs])
+            out, (out_ref, state_ref, conv_ref) = setup.decoded_request(s0, c0, tokens, outs, r)
             assert rel_err(out, out_ref) <= tol["out"], rel_err(out, out_ref)
             pending = int(pool.replayssm_write_pos[slot])
             assert pending == steps % L  # SGLang's cursor: +1 per step, 0 after the flush at L - 1
