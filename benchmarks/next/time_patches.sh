@@ -4,12 +4,13 @@
 #   bash benchmarks/next/time_patches.sh prepare   here: writes .next/ (git-ignored): main's and each
 #                                                  patch's versions of the files the patches touch;
 #                                                  then carry [".whl", ".next"] in the call
-#   bash benchmarks/next/time_patches.sh run       on the device: main, then each patch; logs and
-#                                                  JSON -> $OUT
+#   bash benchmarks/next/time_patches.sh run [decode|lazy8]
+#                                                  on the device: main, then each patch of that
+#                                                  kernel; logs and JSON -> $OUT
 # The device copy may lack git and patch, so the patched files are made here. Each patch is timed
 # alone against main in the same call (same machine): a probe's numbers compare only within a call.
 set -uo pipefail
-PATCHES="decode-early-stores verify-lazy-packed8"
+PATCHES="decode-tma decode-early-stores verify-lazy-packed8"
 case "${1:?usage: time_patches.sh prepare | run}" in
   prepare)
     rm -rf .next
@@ -18,7 +19,7 @@ case "${1:?usage: time_patches.sh prepare | run}" in
       (cd "$t" && git apply "$OLDPWD/benchmarks/next/$p.patch") || exit 1
       for f in $(sed -n 's|^+++ b/||p' "benchmarks/next/$p.patch"); do
         mkdir -p ".next/$p/$(dirname "$f")" ".next/main/$(dirname "$f")"
-        cp "$t/$f" ".next/$p/$f" && cp "$f" ".next/main/$f"
+        cp "$t/$f" ".next/$p/$f" && { [ ! -e "$f" ] || cp "$f" ".next/main/$f"; }  # a new file: none in main
       done
       rm -rf "$t"
     done
@@ -27,19 +28,29 @@ case "${1:?usage: time_patches.sh prepare | run}" in
     OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     export TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
-    time_decode() {  # buffered decode steps (probe_decode_factored.py), tag $1
-      timeout 150 python3 benchmarks/probe_decode_factored.py --N 64,256 --rep 30 --tag "$1" 2>&1 \
+    time_decode() {  # buffered decode steps (probe_decode_factored.py), tag $1, time limit $2 s
+      timeout "${2:-150}" python3 benchmarks/probe_decode_factored.py --N 64,256 --rep 30 --tag "$1" 2>&1 \
         | tee "$OUT/probe_decode_$1.log"
     }
     time_lazy8() {  # eager and lazy spec steps at T=8 (bench_kernels.py), tag $1
       timeout 120 python3 benchmarks/bench_kernels.py --H 32 --N 64,256 --T 8 --rep 30 --no-snapshot \
         --no-upstream --tag "_$1" 2>&1 | tee "$OUT/bench_kernels_$1.log"
     }
+    check_and_time_tma() {  # the TMA step against float64 (tests), then the probe
+      timeout 100 python3 -m pytest -q -x tests/kernels/test_decode_buffered.py -k tma 2>&1 | tee "$OUT/pytest_tma.log"
+      time_decode tma 240
+    }
     with_patch() {  # with_patch PATCH CMD...: CMD on the patched files, then main's back
       cp -r ".next/$1/." . && shift && "$@"; cp -r .next/main/. .
     }
-    time_decode main
-    with_patch decode-early-stores time_decode early_stores
-    time_lazy8 main
-    with_patch verify-lazy-packed8 time_lazy8 lazy_packed8 ;;
+    # decode: the TMA step first (its run times main's factored step too), then main and early stores;
+    # the lazy 8-token step with "run lazy8" (a second call: one call is 600 s at most)
+    if [ "${2:-decode}" = decode ]; then
+      with_patch decode-tma check_and_time_tma
+      time_decode main
+      with_patch decode-early-stores time_decode early_stores
+    else
+      time_lazy8 main
+      with_patch verify-lazy-packed8 time_lazy8 lazy_packed8
+    fi ;;
 esac
