@@ -29,7 +29,7 @@ case "${1:?usage: time_patches.sh prepare | run}" in
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     export TRITON_CACHE_DIR=/tmp/triton-cache PYTHONUNBUFFERED=1
     time_decode() {  # buffered decode steps (probe_decode_factored.py), tag $1, time limit $2 s
-      timeout "${2:-150}" python3 benchmarks/probe_decode_factored.py --N 64,256 --rep 30 --tag "$1" 2>&1 \
+      timeout "${2:-120}" python3 benchmarks/probe_decode_factored.py --N 64,256 --rep 30 --tag "$1" 2>&1 \
         | tee "$OUT/probe_decode_$1.log"
     }
     time_lazy8() {  # eager and lazy spec steps at T=8 (bench_kernels.py), tag $1
@@ -37,8 +37,8 @@ case "${1:?usage: time_patches.sh prepare | run}" in
         --no-upstream --tag "_$1" 2>&1 | tee "$OUT/bench_kernels_$1.log"
     }
     check_and_time_tma() {  # the TMA step against float64 (tests), then the probe
-      timeout 100 python3 -m pytest -q -x tests/kernels/test_decode_buffered.py -k tma 2>&1 | tee "$OUT/pytest_tma.log"
-      time_decode tma 240
+      timeout 90 python3 -m pytest -q -x tests/kernels/test_decode_buffered.py -k tma 2>&1 | tee "$OUT/pytest_tma.log"
+      time_decode tma 260
     }
     with_patch() {  # with_patch PATCH CMD...: CMD on the patched files, then main's back
       cp -r ".next/$1/." . && shift && "$@"; cp -r .next/main/. .
