@@ -4,7 +4,7 @@
 #   bash benchmarks/next/time_patches.sh prepare   here: writes .next/ (git-ignored): main's and each
 #                                                  patch's versions of the files the patches touch;
 #                                                  then carry [".whl", ".next"] in the call
-#   bash benchmarks/next/time_patches.sh run [decode|lazy8]
+#   bash benchmarks/next/time_patches.sh run [decode|tma|lazy8]
 #                                                  on the device: main, then each patch of that
 #                                                  kernel; logs and JSON -> $OUT
 # The device copy may lack git and patch, so the patched files are made here. Each patch is timed
@@ -45,8 +45,9 @@ case "${1:?usage: time_patches.sh prepare | run}" in
     }
     # decode: the TMA step first (its run times main's factored step too), then main and early stores;
     # the lazy 8-token step with "run lazy8" (a second call: one call is 600 s at most)
-    if [ "${2:-decode}" = decode ]; then
+    if [ "${2:-decode}" = decode ] || [ "$2" = tma ]; then
       with_patch decode-tma check_and_time_tma
+      [ "${2:-decode}" = tma ] && exit 0  # "run tma": the TMA step alone (~6 min)
       time_decode main
       with_patch decode-early-stores time_decode early_stores
     else
