@@ -4,13 +4,13 @@
 #   bash benchmarks/next/time_patches.sh prepare   here: writes .next/ (git-ignored): main's and each
 #                                                  patch's versions of the files the patches touch;
 #                                                  then carry [".whl", ".next"] in the call
-#   bash benchmarks/next/time_patches.sh run [decode|tma|lazy8]
+#   bash benchmarks/next/time_patches.sh run [decode|tma]
 #                                                  on the device: main, then each patch of that
 #                                                  kernel; logs and JSON -> $OUT
 # The device copy may lack git and patch, so the patched files are made here. Each patch is timed
 # alone against main in the same call (same machine): a probe's numbers compare only within a call.
 set -uo pipefail
-PATCHES="decode-tma decode-early-stores verify-lazy-packed8"
+PATCHES="decode-tma decode-early-stores"
 case "${1:?usage: time_patches.sh prepare | run}" in
   prepare)
     rm -rf .next
@@ -32,10 +32,6 @@ case "${1:?usage: time_patches.sh prepare | run}" in
       timeout "${2:-120}" python3 benchmarks/probe_decode_factored.py --N 64,256 --rep 30 --tag "$1" 2>&1 \
         | tee "$OUT/probe_decode_$1.log"
     }
-    time_lazy8() {  # eager and lazy spec steps at T=8 (bench_kernels.py), tag $1
-      timeout 120 python3 benchmarks/bench_kernels.py --H 32 --N 64,256 --T 8 --rep 30 --no-snapshot \
-        --no-upstream --tag "_$1" 2>&1 | tee "$OUT/bench_kernels_$1.log"
-    }
     check_and_time_tma() {  # the TMA step against float64 (tests), then the probe
       timeout 90 python3 -m pytest -q -x tests/kernels/test_decode_buffered.py -k tma 2>&1 | tee "$OUT/pytest_tma.log"
       time_decode tma 260
@@ -43,15 +39,9 @@ case "${1:?usage: time_patches.sh prepare | run}" in
     with_patch() {  # with_patch PATCH CMD...: CMD on the patched files, then main's back
       cp -r ".next/$1/." . && shift && "$@"; cp -r .next/main/. .
     }
-    # decode: the TMA step first (its run times main's factored step too), then main and early stores;
-    # the lazy 8-token step with "run lazy8" (a second call: one call is 600 s at most)
-    if [ "${2:-decode}" = decode ] || [ "$2" = tma ]; then
-      with_patch decode-tma check_and_time_tma
-      [ "${2:-decode}" = tma ] && exit 0  # "run tma": the TMA step alone (~6 min)
-      time_decode main
-      with_patch decode-early-stores time_decode early_stores
-    else
-      time_lazy8 main
-      with_patch verify-lazy-packed8 time_lazy8 lazy_packed8
-    fi ;;
+    # decode: the TMA step first (its run times main's factored step too), then main and early stores
+    with_patch decode-tma check_and_time_tma
+    [ "${2:-decode}" = tma ] && exit 0  # "run tma": the TMA step alone
+    time_decode main
+    with_patch decode-early-stores time_decode early_stores ;;
 esac

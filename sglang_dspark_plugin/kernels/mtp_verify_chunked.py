@@ -402,9 +402,14 @@ def _verify_stream_kernel(
     n = tl.program_id(1)
     h = tl.program_id(2)
     KD: tl.constexpr = 128
-    SPLIT_ACC: tl.constexpr = LAZY or not FINISHED  # the product has [q or W ; k] rows, split after
     TW: tl.constexpr = max(TP, 16) if FINISHED else TP  # window rows of this kernel's tiles
+    # Lazy 8-row windows after the finish kernel: [W ; Kg] (8 + 8 rows) fill one 16-row operand
+    # instead of two halves padded to 16 each, and the product is not split (the epilogue takes
+    # what it needs of it by zero rows / columns of P and Tk)
+    PACKED: tl.constexpr = LAZY and FINISHED and 2 * TP == TW
+    SPLIT_ACC: tl.constexpr = (LAZY or not FINISHED) and not PACKED  # [q or W ; k] rows, split after
     ROWS: tl.constexpr = 2 * TW if SPLIT_ACC else TW  # rows of the state product's operand
+    ALL_ROWS: tl.constexpr = TW == TP or PACKED  # no padding rows in the operand
     offs_v = iv * BV + tl.arange(0, BV)
     offs_t = tl.arange(0, TW)
     out_ty = out_ptr.dtype.element_ty
@@ -432,7 +437,7 @@ def _verify_stream_kernel(
         # operand row r: W (or q o e^G) row r for r < TW, k o e^G row r - TW after; rows past TP
         # of each half are the padding to TW (finished windows: 16-wide products)
         ws_rows = ws_ptr + nh * (2 * TP * KD) + tl.where(offs_r < TW, offs_r, TP + offs_r - TW)[:, None] * KD
-        row_ok = (offs_r % TW) < TP
+        row_ok = (offs_r % TW) < TP  # (unused when ALL_ROWS)
         if LAZY:
             p, flush, base = _lazy_cursor(cur_ptr, slot, ring_len, STEPS)
             offs_l = tl.arange(0, LP)
@@ -453,7 +458,7 @@ def _verify_stream_kernel(
                     kc = tl.load(wr_rows + offs_c[None, :], mask=pend[:, None], other=0.0)
                     S0 = tl.dot(tl.trans(D), kc, S0, input_precision=DOT_PREC)
                     tl.store(s_tile + offs_c[None, :], S0)
-                    acc = tl.dot(S0, tl.trans(_window_operand(ws_rows, offs_c, row_ok, TW == TP)), acc,
+                    acc = tl.dot(S0, tl.trans(_window_operand(ws_rows, offs_c, row_ok, ALL_ROWS)), acc,
                                  input_precision=DOT_PREC)
             else:
                 # Without a flush S is not formed: S X^T = S0 (e^{G_p} o X)^T + D^T (Kc X^T), and
@@ -462,7 +467,7 @@ def _verify_stream_kernel(
                 for c in range(0, KD, BK):
                     offs_c = c + tl.arange(0, BK)
                     S0 = tl.load(s_tile + offs_c[None, :])
-                    wt = _window_operand(ws_rows, offs_c, row_ok, TW == TP)
+                    wt = _window_operand(ws_rows, offs_c, row_ok, ALL_ROWS)
                     kc = tl.load(wr_rows + offs_c[None, :], mask=pend[:, None], other=0.0)
                     kx = tl.dot(kc, tl.trans(wt), kx, input_precision=DOT_PREC)
                     acc = tl.dot(S0, tl.trans(wt * tl.load(wc_ptr + nh * KD + offs_c)[None, :]), acc,
@@ -473,7 +478,7 @@ def _verify_stream_kernel(
             for c in range(0, KD, BK):
                 offs_c = c + tl.arange(0, BK)
                 S0 = tl.load(s_tile + offs_c[None, :])
-                acc = tl.dot(S0, tl.trans(_window_operand(ws_rows, offs_c, row_ok, TW == TP)), acc,
+                acc = tl.dot(S0, tl.trans(_window_operand(ws_rows, offs_c, row_ok, ALL_ROWS)), acc,
                              input_precision=DOT_PREC)
         if not FINISHED:
             rb_row = wb_ptr + nh * TP + offs_t if LAZY else rb_ptr + slot * s_rb_slot + h64 * s_rb_h + offs_t * s_rb_t
@@ -493,15 +498,20 @@ def _verify_stream_kernel(
             P = tl.load(pp_nh + tt, mask=in_tp[:, None] & in_tp[None, :], other=0.0)
             if LAZY:
                 Tm = tl.load(pp_nh + TP * TP + tt, mask=in_tp[:, None] & in_tp[None, :], other=0.0)
-                Tk = tl.load(pp_nh + 2 * TP * TP + tt, mask=in_tp[:, None] & in_tp[None, :], other=0.0)
+                if PACKED:  # Tk's columns moved to the product's Kg columns: acc Tk'^T = (S Kg^T) Tk^T
+                    Tk = tl.load(pp_nh + 2 * TP * TP + offs_t[:, None] * TP + (offs_t - TP)[None, :],
+                                 mask=in_tp[:, None] & (offs_t >= TP)[None, :], other=0.0)
+                else:
+                    Tk = tl.load(pp_nh + 2 * TP * TP + tt, mask=in_tp[:, None] & in_tp[None, :], other=0.0)
         yv = _conv_outputs(v3, v2, v1, v0, wv0, wv1, wv2, wv3, ch_v, icw_base, s_icw_win, live[:, None], ACT_BF16)
         if not LAZY:
             tl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + offs_t.to(tl.int64)[:, None] * s_rv_t
                      + offs_v[None, :], yv.to(rv_ptr.dtype.element_ty), mask=live[:, None])
         if SPLIT_ACC:
             acc_q, acc_k = tl.split(tl.permute(tl.reshape(acc, [BV, 2, TW]), [0, 2, 1]))
-        else:
+        else:  # PACKED: columns TP.. are S Kg^T, unused by o (stored for t < TP only) and picked by Tk
             acc_q = acc
+            acc_k = acc
         if FINISHED:  # acc_q = S W^T; 16-wide products on the tensor cores (DOT_PREC): 8-wide
             # ones in registers, or IEEE fp32 ones (FMAs), were the kernel's largest cost on the
             # H200 (docs/lazy-flush.md, eleventh and fourteenth sessions)
