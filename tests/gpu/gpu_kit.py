@@ -46,7 +46,19 @@ MIN_MARGIN = 0.2  # logits, float64 reference, every generated token
 PROMPT_SEED = 20261201
 CONCURRENCY = 4 if ON_CPU else 64
 CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 32]  # 64 concurrent requests run eager; 5 pad to 8
-PARALLEL = int(os.environ.get("DSPARK_GPU_E2E_PARALLEL", "1" if ON_CPU else "10"))
+
+
+def _default_parallel() -> int:
+    """Servers started at once: one on CPU; on a GPU one per 13 GiB of its memory, at most 10.
+    The H200 (140 GiB) served ten kimi32 servers at once; of ten on an 80 GB H100 three ran out
+    of memory in their startup and seven served (docs/gpu-serving.md, thirty-first session): six."""
+    if ON_CPU:
+        return 1
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    return max(1, min(10, int(total_gib // 13)))
+
+
+PARALLEL = int(os.environ.get("DSPARK_GPU_E2E_PARALLEL", "0")) or _default_parallel()
 LOG_DIR = Path(os.environ.get("DSPARK_GPU_E2E_LOG_DIR", "/tmp/dspark-gpu-e2e"))
 MODELS = ["tiny"] if ON_CPU else os.environ.get("DSPARK_GPU_E2E_MODELS", "kimi32,tiny").split(",")
 # Tensor parallelism of every server (TP=2: 16 KDA heads per rank on kimi32; needs 2 GPUs, and
