@@ -1181,11 +1181,15 @@ def _render(hdr, lines):
 def sweep_configs():
     """Launch configurations timed by --sweep (passed through the wrappers' tuning kwargs) around
     today's defaults ({}): the chunked ring verify's prep tiles (channels per chunk, warps), the
-    recurrent verify's row tiles in both modes and the fold's."""
+    recurrent verify's row tiles in both modes, the chunked streaming kernel's tiles (V rows,
+    warps, K chunk, pipeline stages) and the fold's."""
     tiles = ((8, 1), (16, 1), (16, 2), (32, 2), (32, 4), (64, 2), (64, 4))
     v = [{}] + [dict(impl="rows", block_v=bv, num_warps=w) for bv, w in tiles]
     v += [dict(impl="chunked", prep_block_k=bk, prep_num_warps=w)
           for bk, w in ((16, 1), (32, 1), (64, 1), (32, 2), (64, 2), (128, 2))]
+    v += [dict(impl="chunked", block_v=bv, num_warps=w)
+          for bv, w in ((32, 1), (32, 2), (64, 2), (64, 4), (128, 4), (128, 8))]
+    v += [dict(impl="chunked", block_k=64), dict(impl="chunked", num_stages=2), dict(impl="chunked", num_stages=4)]
     s = [{}] + [dict(block_v=bv, num_warps=w) for bv, w in tiles]
     f = [{}] + [dict(block_v=bv, num_warps=w) for bv, w in ((4, 1), (8, 1), (16, 1))]
     return dict(verify_ring=v, verify_snapshot=s, fold=f, decode=[{}])
