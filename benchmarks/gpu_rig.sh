@@ -67,6 +67,9 @@ save_cache() {  # the Triton cache, if it fits what a call may bring back
   [ "$(stat -c %s /tmp/triton-cache.tgz)" -lt 16000000 ] && cp /tmp/triton-cache.tgz "$OUT/"
 }
 
+# a call cut short by the device's limit leaves its server holding the GPU for the next call
+stop_leftovers
+
 case "$cmd" in
   e2e)
     export DSPARK_GPU_E2E_LOG_DIR=/tmp/gpu-e2e

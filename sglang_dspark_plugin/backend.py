@@ -160,8 +160,8 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         if not lazy_records_enabled():
             value = lazy_records_setting()
             if value is None:
-                return (f"off by default ({LAZY_RECORDS_ENV}=1 turns it on; it is not yet faster in served "
-                        "tokens/s: docs/lazy-flush.md)")
+                return (f"off by default ({LAZY_RECORDS_ENV}=1 turns it on; its served speed-up is not yet "
+                        "settled: docs/lazy-flush.md)")
             return f"{LAZY_RECORDS_ENV}={value}"
         from sglang.srt.layers.attention.linear.utils import pp_spec_stable_rows_enabled
         from sglang.srt.layers.radix_linear_attention import RadixLinearAttention

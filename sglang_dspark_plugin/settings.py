@@ -46,8 +46,8 @@ ENV_VARS = {
     TINY_DIR_ENV: "where harness/tiny_models.py writes the tiny test models (default: configs/ of a "
     "source checkout, else the user cache)",
     LAZY_RECORDS_ENV: "1 = the lazy record ring under --enable-linear-replayssm-spec where it is safe, for "
-    f"verify windows up to {LAZY_RECORDS_MAX_WINDOW} tokens (no fold per commit; faster per KDA step, not yet "
-    "in served tokens/s: off by default, docs/lazy-flush.md); all = also for windows of "
+    f"verify windows up to {LAZY_RECORDS_MAX_WINDOW} tokens (no fold per commit; faster per KDA step, its served "
+    "speed-up not yet settled: off by default, docs/lazy-flush.md); all = also for windows of "
     f"{LAZY_RECORDS_MAX_WINDOW + 1}-{LAZY_RECORDS_TESTED_WINDOW} tokens (correct, not yet shown faster); "
     "unset or 0 = fold every commit",
     BUFFERED_DECODE_ENV: "the buffered decode kernel under --enable-linear-replayssm: factored (default) = only "
