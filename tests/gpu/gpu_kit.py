@@ -49,9 +49,8 @@ CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 32]  # 64 concurrent requests run eager; 5 pad 
 
 
 def _default_parallel() -> int:
-    """Servers started at once: one on CPU; on a GPU one per 13 GiB of its memory, at most 10.
-    The H200 (140 GiB) served ten kimi32 servers at once; of ten on an 80 GB H100 three ran out
-    of memory in their startup and seven served (docs/gpu-serving.md, thirty-first session): six."""
+    """Servers started at once: one on CPU; on a GPU one per 13 GiB of its memory, at most 10
+    (ten on the H200, six on an 80 GB H100; the measurements behind it: docs/gpu-serving.md)."""
     if ON_CPU:
         return 1
     total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
