@@ -90,6 +90,20 @@ CHECKS = textwrap.dedent(
     finally:
         ps.GroupCoordinator = real_coordinator
 
+    # Gate 7: the extra_buffer Mamba radix cache passes the platform check (False before it).
+    import sglang.srt.arg_groups.mamba_hook as mamba_hook
+    assert mamba_hook._platform_supports_mamba_cache_extra_buffer() is True
+    assert mamba_hook._platform_supports_mamba_cache_extra_buffer.__wrapped__() is False
+
+    # Gate 8: without CUDA, pin_memory of a CPU tensor is the tensor (torch raises "no NVIDIA driver").
+    t = torch.arange(3)
+    assert t.pin_memory() is t
+    try:
+        torch.Tensor.pin_memory.__wrapped__(t)
+        raise AssertionError("torch's own pin_memory worked without CUDA: gate 8 is not needed")
+    except RuntimeError:
+        pass
+
     # Shim 6: fla's custom_device_ctx is a no-op context on CPU.
     import sglang.kernels.ops.attention.fla.utils as fla_utils
     with fla_utils.custom_device_ctx(0):
@@ -107,5 +121,5 @@ def test_apply_installs_every_patch_in_a_fresh_process():
         [sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "OK 12 patches" in proc.stdout, proc.stdout[-2000:]
+    assert "OK 14 patches" in proc.stdout, proc.stdout[-2000:]  # 6 interpreter shims, 8 device gates
     assert "Executed general plugin: dspark_cpu" in proc.stderr

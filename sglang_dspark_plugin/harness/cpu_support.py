@@ -5,8 +5,8 @@ chain (scheduler -> KDA backend -> Triton kernels, DSPARK draft/verify/commit) s
 
 1. Triton runs in its interpreter (``TRITON_INTERPRET=1``; numpy executes every program) with a
    few fixes to the interpreter (``_install_triton_interpreter_shims``, six of them), and
-2. six small device gates in SGLang let a plain CPU host through (the sixth only for
-   ``--tp-size > 1``)
+2. eight small device gates in SGLang let a plain CPU host through (the sixth only for
+   ``--tp-size > 1``, the seventh and eighth only for the ``extra_buffer`` Mamba radix cache)
    (``_install_sglang_device_gate_patches``).
 
 ``apply()`` installs both; it returns at once, changing nothing, when ``torch.cuda.is_available()``,
@@ -341,7 +341,8 @@ def _shim_fla_device_ctx(module) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# The SGLang device gates (1-5: dspark-on-cpu.md, "Blockers"; 6: tensor parallelism)
+# The SGLang device gates (1-5: dspark-on-cpu.md, "Blockers"; 6: tensor parallelism; 7-8: the
+# Mamba radix cache's extra_buffer strategy)
 # ----------------------------------------------------------------------------------------------
 #
 # SGLang's "CPU" (``is_cpu()``) means its own CPU engine (``SGLANG_USE_CPU_ENGINE=1`` with a
@@ -359,6 +360,8 @@ def _install_sglang_device_gate_patches() -> None:
     _when_imported("sglang.kernels.ops.speculative.cache_locs", _gate_cache_locs_triton_branch)
     _when_imported("sglang.kernels.ops.mamba.mamba_state_scatter_triton", _gate_mamba_scatter_cpu)
     _when_imported("sglang.srt.distributed.parallel_state", _gate_pynccl_off_on_cpu)
+    _when_imported("sglang.srt.arg_groups.mamba_hook", _gate_mamba_extra_buffer_on_cpu)
+    _gate_pin_memory_cpu()
 
 
 def _gate_dspark_device_check(speculative_hook) -> None:
@@ -525,6 +528,54 @@ def _gate_pynccl_off_on_cpu(parallel_state) -> None:
     init_model_parallel_group.__wrapped__ = original
     parallel_state.init_model_parallel_group = init_model_parallel_group
     _installed.append("sglang: no PyNccl on CPU process groups")
+
+
+def _gate_mamba_extra_buffer_on_cpu(mamba_hook) -> None:
+    """Gate 7 (``--mamba-radix-cache-strategy extra_buffer``): refused on a plain CPU host.
+
+    ``arg_groups/mamba_hook.py``'s ``validate_mamba_extra_buffer`` asserts
+    ``_platform_supports_mamba_cache_extra_buffer()``, which is true for CUDA, MUSA, NPU, HIP,
+    XPU and out-of-tree platforms that say so, and false here. It is a policy check: the
+    strategy's state snapshots (track slots, copies between slots) are tensor indexing and
+    SGLang's mamba scatters (gate 5), which run on CPU tensors. The check is the function's only
+    use, so it answers True; ``cpu_flags`` still selects ``no_buffer`` unless a caller asks for
+    ``extra_buffer`` (``tests/e2e/test_prefix_cache_e2e.py``)."""
+    original = mamba_hook._platform_supports_mamba_cache_extra_buffer
+    if getattr(original, "_dspark_cpu_patch", False):
+        return
+
+    def _platform_supports_mamba_cache_extra_buffer() -> bool:
+        return True
+
+    _platform_supports_mamba_cache_extra_buffer._dspark_cpu_patch = True
+    _platform_supports_mamba_cache_extra_buffer.__wrapped__ = original
+    mamba_hook._platform_supports_mamba_cache_extra_buffer = _platform_supports_mamba_cache_extra_buffer
+    _installed.append("sglang: Mamba radix extra_buffer on CPU")
+
+
+def _gate_pin_memory_cpu() -> None:
+    """Gate 8 (plain decode with ``extra_buffer``): ``Tensor.pin_memory`` without a CUDA driver.
+
+    ``ScheduleBatch.prepare_for_decode`` copies the radix track mask with
+    ``track_mask_cpu.pin_memory().to(device, non_blocking=True)``; without a CUDA driver torch
+    raises "Found no NVIDIA driver on your system". Pinned host memory only speeds up copies to a
+    device, and the copy here goes to ``cpu``, so on a host without CUDA ``pin_memory`` returns
+    the tensor itself (this patch is installed only there: ``apply()``)."""
+    import torch
+
+    original = torch.Tensor.pin_memory
+    if getattr(original, "_dspark_cpu_patch", False):
+        return
+
+    def pin_memory(self, *args, **kwargs):
+        if self.device.type == "cpu" and not torch.cuda.is_available():
+            return self
+        return original(self, *args, **kwargs)
+
+    pin_memory._dspark_cpu_patch = True
+    pin_memory.__wrapped__ = original
+    torch.Tensor.pin_memory = pin_memory
+    _installed.append("torch: pin_memory is the tensor itself without CUDA")
 
 
 def _torch_state_scatter(dst, src, dst_indices, step_indices, src_rows, check_src_nonnegative):
