@@ -13,10 +13,12 @@ What one run does (``python -m pytest tests/gpu``, on the H200 rig: docs/gpu-ser
    the GPU and the Triton cache), sends each the same workload (``run_workload``) and stops it:
    all prompts at once plus repeats up to ``CONCURRENCY`` requests (batches above the largest
    captured CUDA graph run eager), then 5 at once (a padded graph), then the OpenAI completions
-   API. Results and the server log are kept for the tests.
+   API, then radix-cache prefix hits (``TRACK_INTERVAL``). Results and the server log are kept
+   for the tests.
 
 The servers use CUDA graphs (``--cuda-graph-bs-decode``), the overlap scheduler and SGLang's
-default radix cache strategy: what a GPU deployment runs.
+default radix cache strategy (``extra_buffer``, with a track point every 64 tokens instead of
+256 so that short requests reach one): what a GPU deployment runs.
 """
 
 from __future__ import annotations
@@ -46,6 +48,17 @@ MIN_MARGIN = 0.2  # logits, float64 reference, every generated token
 PROMPT_SEED = 20261201
 CONCURRENCY = 4 if ON_CPU else 64
 CUDA_GRAPH_BS = [1, 2, 4, 8, 16, 32]  # 64 concurrent requests run eager; 5 pad to 8
+# Radix-cache prefix hits on a state the commit wrote: the extra_buffer radix cache keeps the state
+# at every multiple of TRACK_INTERVAL a decode crosses. Turn 1 (BRANCH_PROMPTS prompts of
+# TURN1_PROMPT_LEN tokens, TURN1_LEN generated) crosses token 64; the branch (turn 1's first 64
+# tokens and one more) starts from the cached copy of that state with a one-token prefill
+# (tests/e2e/test_prefix_cache_e2e.py says why one token: a longer prefill hides a wrong state).
+# Both continuations keep MIN_MARGIN under the float64 reference, as the other prompts do.
+TRACK_INTERVAL = 64
+BRANCH_PROMPTS = 2 if ON_CPU else 8
+TURN1_PROMPT_LEN = 56
+TURN1_LEN = 16
+BRANCH_LEN = 8 if ON_CPU else 12
 
 
 def _default_parallel() -> int:
@@ -127,6 +140,9 @@ class Served:
             extra += ["--enable-linear-replayssm", "--linear-replayssm-cache-len", "16"]
             if not ON_CPU:
                 extra += ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"]
+        elif ON_CPU:  # the GPU's default radix strategy (CPU device gates 7 and 8)
+            extra += ["--mamba-radix-cache-strategy", "extra_buffer"]
+        extra += ["--mamba-track-interval", str(TRACK_INTERVAL)]
         if not ON_CPU:
             extra += [
                 "--cuda-graph-bs-decode", *map(str, CUDA_GRAPH_BS),
@@ -231,6 +247,12 @@ class Prompts:
     reference: List[List[int]]  # float64 greedy continuation of each
     min_margin: List[float]  # smallest top-1/top-2 margin along it
     candidates: int  # how many random prompts were drawn to find them
+    turn1: List[List[int]] = field(default_factory=list)  # BRANCH_PROMPTS prompts of TURN1_PROMPT_LEN ids
+
+
+def branch_prompt(prompt: List[int], turn1: List[int]) -> List[int]:
+    """Turn 1's first TRACK_INTERVAL tokens (prompt and output) and one more (the prompt's first)."""
+    return (prompt + turn1)[:TRACK_INTERVAL] + prompt[:1]
 
 
 def robust_prompts(spec: tiny_models.ModelSpec, n: int = NUM_PROMPTS, batch: int = 256) -> Prompts:
@@ -255,6 +277,19 @@ def robust_prompts(spec: tiny_models.ModelSpec, n: int = NUM_PROMPTS, batch: int
             out.ids.append(ids[row].tolist())
             out.reference.append(tokens[row].tolist())
             out.min_margin.append(float(margins[row].min()))
+    tried = 0
+    while len(out.turn1) < min(BRANCH_PROMPTS, n):  # both requests of a conversation robust
+        if tried >= 64 * n:
+            raise RuntimeError(f"only {len(out.turn1)} conversations without near-ties in {tried}")
+        ids = emittable[torch.randint(len(emittable), (batch, TURN1_PROMPT_LEN), generator=gen)]
+        with torch.no_grad():
+            turn1, m1 = ref.greedy(ids, TURN1_LEN)
+            branches = torch.tensor([branch_prompt(p, t) for p, t in zip(ids.tolist(), turn1.tolist())])
+            _, m2 = ref.greedy(branches, BRANCH_LEN)
+        tried += batch
+        robust = torch.minimum(m1.min(1).values, m2.min(1).values) >= MIN_MARGIN
+        out.turn1 += [ids[row].tolist() for row in robust.nonzero().flatten().tolist()]
+        out.turn1 = out.turn1[:BRANCH_PROMPTS]
     return out
 
 
@@ -263,10 +298,10 @@ def robust_prompts(spec: tiny_models.ModelSpec, n: int = NUM_PROMPTS, batch: int
 # ----------------------------------------------------------------------------------------------
 
 
-def _generate(server: SGLangServer, ids: List[int], logprobs: bool) -> dict:
+def _generate(server: SGLangServer, ids: List[int], logprobs: bool, max_new_tokens: int = OUTPUT_LEN) -> dict:
     payload = {
         "input_ids": ids,
-        "sampling_params": {"max_new_tokens": OUTPUT_LEN, "temperature": 0},
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0},
     }
     if logprobs:  # the baseline's top-2 log-probabilities: their gap is the logit margin
         payload.update(return_logprob=True, top_logprobs_num=2)
@@ -279,6 +314,7 @@ def _generate(server: SGLangServer, ids: List[int], logprobs: bool) -> dict:
         "spec_num_correct_drafts": meta.get("spec_num_correct_drafts"),
         "spec_correct_drafts_histogram": meta.get("spec_correct_drafts_histogram"),
         "spec_cap_length": meta.get("spec_cap_length"),
+        "cached_tokens": meta.get("cached_tokens"),
     }
     if logprobs:
         tops = meta["output_top_logprobs"]
@@ -295,18 +331,31 @@ def _completion(server: SGLangServer, ids: List[int]) -> dict:
     return {"text": resp.choices[0].text, "completion_tokens": resp.usage.completion_tokens}
 
 
+def _all_at_once(server: SGLangServer, ids: List[List[int]], logprobs: bool, max_new_tokens: int) -> List[dict]:
+    with ThreadPoolExecutor(max_workers=len(ids)) as pool:
+        futures = [pool.submit(_generate, server, p, logprobs, max_new_tokens) for p in ids]
+        return [f.result(timeout=900) for f in futures]
+
+
 def run_workload(server: SGLangServer, prompts: Prompts, logprobs: bool) -> dict:
     """Requests of one server: ``wave64`` (every prompt once, then repeats, all at once),
-    ``wave5`` (prompts 0..4 at once), ``openai`` (two /v1/completions, one at a time). Each
-    /generate row is keyed by its prompt index."""
+    ``wave5`` (prompts 0..4 at once), ``openai`` (two /v1/completions, one at a time), then
+    ``turn1`` (the BRANCH_PROMPTS conversations' first requests, TURN1_LEN tokens, at once) and
+    ``branch`` (their branches at the track point, at once). Each /generate row is keyed by its
+    prompt index (of ``prompts.ids``; of ``prompts.turn1`` in the last two)."""
     n = len(prompts.ids)
     wave = [i % n for i in range(max(CONCURRENCY, n))]
     result: dict = {}
     for name, order in (("wave64", wave), ("wave5", list(range(5)))):
-        with ThreadPoolExecutor(max_workers=len(order)) as pool:
-            futures = [pool.submit(_generate, server, prompts.ids[i], logprobs) for i in order]
-            result[name] = [dict(prompt=i, **f.result(timeout=900)) for i, f in zip(order, futures)]
+        rows = _all_at_once(server, [prompts.ids[i] for i in order], logprobs, OUTPUT_LEN)
+        result[name] = [dict(prompt=i, **row) for i, row in zip(order, rows)]
     result["openai"] = [dict(prompt=i, **_completion(server, prompts.ids[i])) for i in (0, 1)]
+    first = list(range(len(prompts.turn1)))
+    turn1 = _all_at_once(server, prompts.turn1, logprobs, TURN1_LEN)
+    result["turn1"] = [dict(prompt=i, **row) for i, row in zip(first, turn1)]
+    branches = [branch_prompt(prompts.turn1[i], row["output_ids"]) for i, row in zip(first, turn1)]
+    rows = _all_at_once(server, branches, logprobs, BRANCH_LEN)
+    result["branch"] = [dict(prompt=i, input_ids=b, **row) for i, b, row in zip(first, branches, rows)]
     return result
 
 

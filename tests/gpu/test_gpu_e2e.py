@@ -8,6 +8,9 @@ and compact verify, compact with real ragged windows):
 * greedy outputs equal the stock baseline token for token, for every prompt, at 64 concurrent
   requests (above the largest captured graph: eager), at 5 (a padded graph) and through the OpenAI
   completions API;
+* radix-cache prefix hits on committed states: 8 requests whose decode crosses the track point
+  (token 64), then branches of them at that point, served from the cached copy of the state the
+  commit wrote (``cached_tokens`` 64, stock as well), equal stock's token for token;
 * speculation accepted drafts; compact verify used windows shorter than gamma + 1;
 * the server captured CUDA graphs, built the dspark backend, logged no fallback to SGLang's KDA
   path, and ran the plugin's decode / verify / fold kernels (their first-use log lines); the stock
@@ -27,7 +30,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_kit import GRAPH_CAPTURED_MARK, MODELS, ON_CPU, STOCK_TP1, TP_SIZE, configs, divergence
+from gpu_kit import (GRAPH_CAPTURED_MARK, MODELS, ON_CPU, STOCK_TP1, TP_SIZE, TRACK_INTERVAL, configs,
+                     divergence)
 from served_log import assert_not_served_by_plugin, assert_served_by_plugin, ranks_that_ran
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
@@ -115,6 +119,43 @@ def test_lossless_against_stock_sglang(fleet, served):
     for row in run.results["openai"]:
         if row["prompt"] not in near_ties:
             assert row == stock_api[row["prompt"]], row
+
+
+def _sort_difference(diff, what: str, row: dict, near_ties: set, wrong: list) -> None:
+    if diff is None:
+        return
+    if diff["near_tie"]:
+        near_ties.add(row["prompt"])
+    else:
+        wrong.append((what, row["prompt"], diff))
+
+
+@pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)
+def test_branch_from_a_committed_state_lossless(fleet, served):
+    """Turn 1 crossed the track point; its branch there started from the cached copy of the state
+    the commit wrote (the plugin's fold, lazy materialisation or decode track; SGLang's commit in
+    snapshot mode). Both equal stock's, whose branch was served from its own cached state. A
+    near-tie flip in turn 1 makes the branch's prompt differ from stock's: that branch is not
+    compared, and the prompt counts against MAX_NEAR_TIE_PROMPTS."""
+    run, base = _run(fleet, served), _baseline(fleet, served)
+    if served.prefill_graph:
+        _stock_prefill_graph_verdict(fleet, served, base)
+    stock_turn1 = {row["prompt"]: row for row in base.results["turn1"]}
+    stock_branch = {row["prompt"]: row for row in base.results["branch"]}
+    assert all(row["cached_tokens"] >= TRACK_INTERVAL for row in stock_branch.values()), \
+        "stock's branches were not served from the radix cache: the test would not test the hand-over"
+    near_ties, wrong = set(), []
+    for row in run.results["turn1"]:
+        _sort_difference(divergence(row["output_ids"], stock_turn1[row["prompt"]]), "turn1", row, near_ties, wrong)
+    for row in run.results["branch"]:
+        if row["input_ids"] != stock_branch[row["prompt"]]["input_ids"]:
+            continue  # after a turn-1 difference (counted above)
+        _sort_difference(divergence(row["output_ids"], stock_branch[row["prompt"]]), "branch", row, near_ties, wrong)
+    assert not wrong, f"{len(wrong)} outputs differ from stock SGLang; first: {wrong[0]}"
+    assert len(near_ties) <= MAX_NEAR_TIE_PROMPTS, f"near-tie flips in prompts {sorted(near_ties)}"
+    if not served.decode_ring:  # no_buffer (SGLang's decode ring) keeps no state at the track point
+        cached = [row["cached_tokens"] for row in run.results["branch"]]
+        assert all(c >= TRACK_INTERVAL for c in cached), cached
 
 
 def _tp1_baseline(fleet, served):
