@@ -87,6 +87,19 @@ def test_cpu_flags_only_without_gpu():
     assert gpu.args[:2] == ["--attention-backend", "dspark"] and "--port" in gpu.args
 
 
+def test_cpu_radix_strategy_decides_the_overlap_scheduler():
+    """no_buffer (the CPU default) needs --disable-overlap-schedule; a caller's extra_buffer keeps
+    SGLang's overlap scheduler, as on a GPU, and is not overridden."""
+    default = SGLangServer(["--attention-backend", "dspark"], cpu=True).args
+    i = default.index("--mamba-radix-cache-strategy")
+    assert default[i + 1] == "no_buffer" and "--disable-overlap-schedule" in default
+    extra = SGLangServer(["--mamba-radix-cache-strategy", "extra_buffer"], cpu=True).args
+    assert extra.count("--mamba-radix-cache-strategy") == 1 and "extra_buffer" in extra
+    assert "--disable-overlap-schedule" not in extra
+    off = SGLangServer(["--disable-radix-cache"], cpu=True).args
+    assert "--disable-overlap-schedule" in off
+
+
 def test_cpu_tensor_parallel_ranks_get_core_groups(monkeypatch):
     """SGLang's CPU ranks need SGLANG_CPU_OMP_THREADS_BIND (one '|' group per rank) when there are
     more ranks than NUMA nodes; the launcher sets it for --tp-size > 1 unless the caller did."""

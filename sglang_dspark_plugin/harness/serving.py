@@ -64,13 +64,15 @@ LAUNCHERS = {
 }
 
 
-def cpu_flags(*, speculative: bool) -> List[str]:
+def cpu_flags(*, speculative: bool, radix_strategy: Optional[str] = None) -> List[str]:
     """Flags a CPU-only SGLang run needs, each for a reason found by running it (docs/e2e.md).
 
     * ``--device cpu``: no CUDA device.
     * ``--mamba-radix-cache-strategy no_buffer``: the default ``extra_buffer`` asserts platform
-      support for Mamba state snapshots.
-    * ``--disable-overlap-schedule``: ``no_buffer`` does not support the overlap scheduler.
+      support for Mamba state snapshots (device gate 7 lets it through when the caller asks for
+      it: ``radix_strategy``, the caller's own ``--mamba-radix-cache-strategy``).
+    * ``--disable-overlap-schedule``: ``no_buffer`` does not support the overlap scheduler. With
+      ``extra_buffer`` the overlap scheduler runs, as on a GPU, and is left on.
     * ``--max-total-tokens/--max-mamba-cache-size/--max-running-requests/--chunked-prefill-size``:
       small pools (see the constants above).
     * ``--skip-server-warmup``: under the interpreter SGLang's warmup request costs ~10 s and
@@ -79,10 +81,10 @@ def cpu_flags(*, speculative: bool) -> List[str]:
       otherwise inherit the target's name ("dspark"), which is no draft backend, and fall back to
       flashinfer (CUDA-only).
     """
-    flags = [
-        "--device", "cpu",
-        "--mamba-radix-cache-strategy", "no_buffer",
-        "--disable-overlap-schedule",
+    flags = ["--device", "cpu"]
+    if radix_strategy in (None, "no_buffer"):
+        flags += ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"]
+    flags += [
         "--max-total-tokens", str(CPU_MAX_TOTAL_TOKENS),
         "--max-mamba-cache-size", str(CPU_MAX_MAMBA_CACHE_SIZE),
         "--max-running-requests", str(CPU_MAX_RUNNING_REQUESTS),
@@ -209,7 +211,8 @@ def tiny_engine_kwargs(args: Sequence[str]) -> Dict[str, object]:
     if not gpu_available():
         os.environ.update(cpu_env())
         speculative = _flag_value(args, "--speculative-algorithm") is not None
-        args = _merge_flags(args, cpu_flags(speculative=speculative))
+        strategy = _flag_value(args, "--mamba-radix-cache-strategy")
+        args = _merge_flags(args, cpu_flags(speculative=speculative, radix_strategy=strategy))
     kwargs = engine_kwargs(args)
     kwargs.pop("skip_server_warmup", None)
     return kwargs
@@ -301,7 +304,8 @@ class SGLangServer:
         args = list(args)
         if self.cpu:
             speculative = _flag_value(args, "--speculative-algorithm") is not None
-            args = _merge_flags(args, cpu_flags(speculative=speculative))
+            strategy = _flag_value(args, "--mamba-radix-cache-strategy")
+            args = _merge_flags(args, cpu_flags(speculative=speculative, radix_strategy=strategy))
         self.args = _merge_flags(args, ["--host", host, "--port", str(self.port)])
         self.env = dict(os.environ)
         if self.cpu:

@@ -10,6 +10,10 @@ finishes, that state goes into the radix tree, and a later request that shares t
 first 64 tokens (a branch of the conversation: another reply, an edited message) starts from a
 copy of it instead of its own prefill. Nothing else in the CPU suite reaches that state
 (``cpu_flags`` picks ``no_buffer``, whose finished requests are never hit below 64 tokens).
+With ``extra_buffer`` SGLang's overlap scheduler runs, as in a GPU deployment (``no_buffer``
+excludes it), so these are also the CPU suite's only servers with the overlap scheduler: the
+next batch is scheduled while the current one runs, and the lazy ring's commits and cursor resets
+meet it here.
 
 Each conversation: turn 1, a 56-token prompt and 16 generated tokens (the decode crosses token
 64, mid-ring for the lazy ring's records); then a branch, turn 1's first 64 tokens (prompt and 8
@@ -171,8 +175,10 @@ def test_branch_from_the_cached_state_matches_the_reference(served, conversation
         assert out["output_ids"] == conv.branch, conv.min_margin
 
 
-def test_served_by_the_plugin_kernels(served):
+def test_served_by_the_plugin_kernels_with_the_overlap_scheduler(served):
     config, server, _, _ = served
     assert_served_by_plugin(server, config.kernels)
+    log = server.log_text()
     if config.mark:
-        assert config.mark in server.log_text()
+        assert config.mark in log
+    assert "'disable_overlap_schedule': False" in log  # SGLang's server_args line
