@@ -3,9 +3,10 @@
 Reads the log folder the call brings back (``gpu-e2e-logs.tgz`` unpacked: ``fleet.json``,
 ``prompts-<model>.json``) and prints one JSON object per model: for every configuration the
 sequences equal to the ``stock`` baseline, each differing one (wave, prompt, first position,
-stock's top-2 gap there), the OpenAI completions equal to stock's, and how many sequences follow
-the float64 reference (the prompts' ``reference`` continuation); a tensor-parallel call also
-counts each configuration's sequences equal to stock at TP=1::
+stock's top-2 gap there), the OpenAI completions equal to stock's, how many sequences follow
+the float64 reference (the prompts' ``reference`` continuation), and the radix-cache branches
+(turn-1 and branch sequences equal to stock's, branches served from the cache); a
+tensor-parallel call also counts each configuration's sequences equal to stock at TP=1::
 
     python3 benchmarks/summarize_gpu_e2e.py /tmp/s22/e2e/gpu-e2e --command "..." --pytest "..."
 
@@ -44,6 +45,27 @@ def _openai_equal(res: dict, baseline: dict) -> int:
     return sum(r == expected[r["prompt"]] for r in res.get("openai", []))
 
 
+def _branches(res: dict, baseline: dict) -> dict:
+    """The prefix-hit phase (gpu_kit.run_workload's ``turn1`` and ``branch``): sequences equal to
+    stock's (a branch only where its prompt equals stock's, i.e. turn 1 agreed) and the branches
+    whose ``cached_tokens`` reach the track point."""
+    from gpu_kit import TRACK_INTERVAL
+
+    turn1 = {row["prompt"]: row for row in baseline.get("turn1", [])}
+    branch = {row["prompt"]: row for row in baseline.get("branch", [])}
+    equal = compared = 0
+    for row in res.get("turn1", []):
+        compared += 1
+        equal += divergence(row["output_ids"], turn1[row["prompt"]]) is None
+    for row in res.get("branch", []):
+        if row["input_ids"] == branch[row["prompt"]]["input_ids"]:
+            compared += 1
+            equal += divergence(row["output_ids"], branch[row["prompt"]]) is None
+    hits = [r.get("cached_tokens") or 0 for r in res.get("branch", [])]
+    return {"branch_requests_compared": compared, "branch_equal_to_stock": equal,
+            "branches_from_cache": f"{sum(h >= TRACK_INTERVAL for h in hits)}/{len(hits)}"}
+
+
 def summarize_model(runs: dict, model: str, reference: list) -> dict:
     """``{config id: summary}`` of one model's runs (``fleet.json``'s ``runs``). A tensor-parallel
     fleet (``DSPARK_GPU_E2E_TP``) also has stock at TP=1, ``stock-tp1``: every other run is then
@@ -61,6 +83,9 @@ def summarize_model(runs: dict, model: str, reference: list) -> dict:
         rows = [(wave, row) for wave in WAVES for row in res.get(wave, [])]
         follow = {wave: [r["output_ids"] == reference[r["prompt"]] for r in res.get(wave, [])] for wave in WAVES}
         entry["follow_float64_reference"] = {wave: f"{sum(ok)}/{len(ok)}" for wave, ok in follow.items()}
+        if "branch" in res:
+            entry.update(_branches(res, base) if sid != f"{model}-stock" else
+                         {"branches_from_cache": _branches(res, base)["branches_from_cache"]})
         if sid != f"{model}-stock":
             differing = _differing(rows, base)
             entry.update(token_requests=len(rows), token_equal_to_stock=len(rows) - len(differing),

@@ -50,6 +50,26 @@ def test_tensor_parallel_fleet_is_also_counted_against_stock_at_tp1(tmp_path):
     assert "token_equal_to_stock_tp1" not in summarize(tmp_path)["m"]["m-ours"]
 
 
+def test_branches_counted_against_stock(tmp_path):
+    """The prefix-hit phase: turn 1 and the branches equal to stock's, a branch compared only where
+    its prompt equals stock's, and the branches served from the cache (cached_tokens >= 64)."""
+    stock = _run([(0, [7], {})], [])
+    stock["results"]["turn1"] = [dict(prompt=0, output_ids=[1, 2]), dict(prompt=1, output_ids=[3, 4])]
+    stock["results"]["branch"] = [dict(prompt=0, input_ids=[9, 1], output_ids=[5], cached_tokens=64),
+                                  dict(prompt=1, input_ids=[9, 3], output_ids=[6], cached_tokens=64)]
+    ours = _run([(0, [7], {})], [])
+    ours["results"]["turn1"] = [dict(prompt=0, output_ids=[1, 2]), dict(prompt=1, output_ids=[3, 0])]
+    ours["results"]["branch"] = [dict(prompt=0, input_ids=[9, 1], output_ids=[5], cached_tokens=64),
+                                 dict(prompt=1, input_ids=[9, 0], output_ids=[6], cached_tokens=0)]
+    (tmp_path / "fleet.json").write_text(json.dumps({"runs": {"m-stock": stock, "m-ours": ours}}))
+    (tmp_path / "prompts-m.json").write_text(json.dumps({"reference": [[7]]}))
+    summary = summarize(tmp_path)["m"]
+    got = summary["m-ours"]
+    # turn 1 of prompt 1 differs, so its branch (another prompt than stock's) is not compared
+    assert got["branch_requests_compared"] == 3 and got["branch_equal_to_stock"] == 2
+    assert got["branches_from_cache"] == "1/2" and summary["m-stock"]["branches_from_cache"] == "2/2"
+
+
 def test_first_difference_position():
     """The position the summary records comes from gpu_kit.divergence (the e2e test's comparison)."""
     from gpu_kit import divergence
