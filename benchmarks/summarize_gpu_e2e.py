@@ -83,9 +83,9 @@ def summarize_model(runs: dict, model: str, reference: list) -> dict:
         rows = [(wave, row) for wave in WAVES for row in res.get(wave, [])]
         follow = {wave: [r["output_ids"] == reference[r["prompt"]] for r in res.get(wave, [])] for wave in WAVES}
         entry["follow_float64_reference"] = {wave: f"{sum(ok)}/{len(ok)}" for wave, ok in follow.items()}
-        if "branch" in res:
-            entry.update(_branches(res, base) if sid != f"{model}-stock" else
-                         {"branches_from_cache": _branches(res, base)["branches_from_cache"]})
+        if "branch" in res:  # stock's own row: only whether its branches came from the cache
+            branches = _branches(res, base)
+            entry.update(branches if sid != f"{model}-stock" else {"branches_from_cache": branches["branches_from_cache"]})
         if sid != f"{model}-stock":
             differing = _differing(rows, base)
             entry.update(token_requests=len(rows), token_equal_to_stock=len(rows) - len(differing),

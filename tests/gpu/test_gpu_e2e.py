@@ -69,6 +69,16 @@ def test_server_served_with_cuda_graphs(fleet, served):
         assert_not_served_by_plugin(run.log)
 
 
+def _sort_difference(diff, what: str, row: dict, near_ties: set, wrong: list) -> None:
+    """A divergence (or None) of ``row`` goes to ``near_ties`` (its prompt) or ``wrong``."""
+    if diff is None:
+        return
+    if diff["near_tie"]:
+        near_ties.add(row["prompt"])
+    else:
+        wrong.append((what, row["prompt"], diff))
+
+
 def _differences(run, base):
     """``(near_ties, wrong)`` of a run's wave64 and wave5 outputs against the stock baseline's:
     prompts with only near-tie flips, and ``(wave, prompt, divergence)`` of the others."""
@@ -76,13 +86,7 @@ def _differences(run, base):
     near_ties, wrong = set(), []
     for wave in ("wave64", "wave5"):
         for row in run.results[wave]:
-            diff = divergence(row["output_ids"], expected[row["prompt"]])
-            if diff is None:
-                continue
-            if diff["near_tie"]:
-                near_ties.add(row["prompt"])
-            else:
-                wrong.append((wave, row["prompt"], diff))
+            _sort_difference(divergence(row["output_ids"], expected[row["prompt"]]), wave, row, near_ties, wrong)
     return near_ties, wrong
 
 
@@ -90,9 +94,13 @@ def _assert_same_tokens(run, base, what: str):
     """``run``'s outputs equal ``base``'s but for near-tie flips in at most MAX_NEAR_TIE_PROMPTS
     prompts; returns those prompts."""
     near_ties, wrong = _differences(run, base)
+    _assert_only_near_ties(near_ties, wrong, what)
+    return near_ties
+
+
+def _assert_only_near_ties(near_ties: set, wrong: list, what: str) -> None:
     assert not wrong, f"{len(wrong)} outputs differ from {what}; first: {wrong[0]}"
     assert len(near_ties) <= MAX_NEAR_TIE_PROMPTS, f"near-tie flips in prompts {sorted(near_ties)}"
-    return near_ties
 
 
 def _stock_prefill_graph_verdict(fleet, served, base):
@@ -121,15 +129,6 @@ def test_lossless_against_stock_sglang(fleet, served):
             assert row == stock_api[row["prompt"]], row
 
 
-def _sort_difference(diff, what: str, row: dict, near_ties: set, wrong: list) -> None:
-    if diff is None:
-        return
-    if diff["near_tie"]:
-        near_ties.add(row["prompt"])
-    else:
-        wrong.append((what, row["prompt"], diff))
-
-
 @pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)
 def test_branch_from_a_committed_state_lossless(fleet, served):
     """Turn 1 crossed the track point; its branch there started from the cached copy of the state
@@ -151,8 +150,7 @@ def test_branch_from_a_committed_state_lossless(fleet, served):
         if row["input_ids"] != stock_branch[row["prompt"]]["input_ids"]:
             continue  # after a turn-1 difference (counted above)
         _sort_difference(divergence(row["output_ids"], stock_branch[row["prompt"]]), "branch", row, near_ties, wrong)
-    assert not wrong, f"{len(wrong)} outputs differ from stock SGLang; first: {wrong[0]}"
-    assert len(near_ties) <= MAX_NEAR_TIE_PROMPTS, f"near-tie flips in prompts {sorted(near_ties)}"
+    _assert_only_near_ties(near_ties, wrong, "stock SGLang")
     if not served.decode_ring:  # no_buffer (SGLang's decode ring) keeps no state at the track point
         cached = [row["cached_tokens"] for row in run.results["branch"]]
         assert all(c >= TRACK_INTERVAL for c in cached), cached
