@@ -145,7 +145,7 @@ CONFIGS = [
     Config("stock-dspark-replayssm", "stock", True, True),
     Config("dspark", "dspark", False),
     Config("dspark-dspark", "dspark", True),
-    # the lazy record ring where it is safe (extra_buffer), turned on; -eager: the default, fold every commit
+    # the lazy record ring where it is safe (extra_buffer), the default since 2026-12-06; -eager: fold every commit
     Config("dspark-dspark-replayssm", "dspark", True, True, env=(("SGLANG_DSPARK_LAZY_RECORDS", "1"),)),
     Config("dspark-dspark-replayssm-eager", "dspark", True, True, env=(("SGLANG_DSPARK_LAZY_RECORDS", "0"),)),
     # the lazy record ring at windows above 4 tokens too (gamma > 3; off by default until measured)

@@ -145,6 +145,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         # The buffered decode kernel (SGLANG_DSPARK_BUFFERED_DECODE), read once: a bad value stops
         # the server at start, not at its first decode ring step.
         self.buffered_decode_impl = buffered_decode_impl()
+        lazy_records_enabled()  # likewise SGLANG_DSPARK_LAZY_RECORDS, read again where the ring is decided
         # Which verify implementation ran last: the commit must match it.
         self.last_verify_used_plugin = False
         # The lazy record ring's cursor (the pool's dspark_record_cursor), or None: fold every commit.
@@ -158,11 +159,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         docs/lazy-flush.md's: a path that would read a slot's state behind the plugin's back, or
         a KDA layer whose verify and commit would be SGLang's (they cannot continue from records)."""
         if not lazy_records_enabled():
-            value = lazy_records_setting()
-            if value is None:
-                return (f"off by default ({LAZY_RECORDS_ENV}=1 turns it on; its served speed-up is not yet "
-                        "settled: docs/lazy-flush.md)")
-            return f"{LAZY_RECORDS_ENV}={value}"
+            return f"{LAZY_RECORDS_ENV}={lazy_records_setting()}"
         from sglang.srt.layers.attention.linear.utils import pp_spec_stable_rows_enabled
         from sglang.srt.layers.radix_linear_attention import RadixLinearAttention
         from sglang.srt.mem_cache.memory_pool import MambaPool

@@ -45,11 +45,11 @@ ENV_VARS = {
     PDL_ENV: "0 = launch the kernels without programmatic dependent launch (sm_90+; default on)",
     TINY_DIR_ENV: "where harness/tiny_models.py writes the tiny test models (default: configs/ of a "
     "source checkout, else the user cache)",
-    LAZY_RECORDS_ENV: "1 = the lazy record ring under --enable-linear-replayssm-spec where it is safe, for "
-    f"verify windows up to {LAZY_RECORDS_MAX_WINDOW} tokens (no fold per commit; faster per KDA step, its served "
-    "speed-up not yet settled: off by default, docs/lazy-flush.md); all = also for windows of "
+    LAZY_RECORDS_ENV: "unset or 1 = the lazy record ring under --enable-linear-replayssm-spec where it is "
+    f"safe, for verify windows up to {LAZY_RECORDS_MAX_WINDOW} tokens (no fold per commit; faster per KDA "
+    "step and served, docs/lazy-flush.md); all = also for windows of "
     f"{LAZY_RECORDS_MAX_WINDOW + 1}-{LAZY_RECORDS_TESTED_WINDOW} tokens (correct, not yet shown faster); "
-    "unset or 0 = fold every commit",
+    "0 = fold every commit",
     BUFFERED_DECODE_ENV: "the buffered decode kernel under --enable-linear-replayssm: factored (default) = only "
     "the step's two state products between flushes, the state formed at flushes; rows = form the state every "
     "step (kernels/decode.py)",
@@ -72,9 +72,15 @@ def pdl_enabled() -> bool:
 
 
 def lazy_records_enabled() -> bool:
-    """``SGLANG_DSPARK_LAZY_RECORDS`` is ``1`` or ``all`` (the lazy record ring where it is safe).
-    Off by default until it is shown faster in served tokens/s (docs/lazy-flush.md)."""
-    return lazy_records_setting() in ("1", "all")
+    """The lazy record ring where it is safe: the default (unset or empty), ``1`` or ``all``;
+    ``SGLANG_DSPARK_LAZY_RECORDS=0`` folds every commit. Any other value is refused with one
+    clear error."""
+    value = lazy_records_setting() or "1"
+    if value not in ("0", "1", "all"):
+        raise ValueError(
+            f"{LAZY_RECORDS_ENV}={value!r} is not a lazy record ring setting: use 1 (the default), all or 0"
+        )
+    return value != "0"
 
 
 def lazy_records_setting() -> Optional[str]:

@@ -66,6 +66,21 @@ def test_constants_are_defined_once():
     assert not offenders, offenders
 
 
+def test_lazy_records_on_by_default_off_with_0_and_refuses_unknown_values(monkeypatch):
+    monkeypatch.delenv(settings.LAZY_RECORDS_ENV, raising=False)
+    assert settings.lazy_records_enabled() and not settings.lazy_records_any_window()
+    for value, on, any_window in (("", True, False), ("1", True, False), ("all", True, True), ("0", False, False)):
+        monkeypatch.setenv(settings.LAZY_RECORDS_ENV, value)
+        assert (settings.lazy_records_enabled(), settings.lazy_records_any_window()) == (on, any_window), value
+    monkeypatch.setenv(settings.LAZY_RECORDS_ENV, "off")
+    try:
+        settings.lazy_records_enabled()
+    except ValueError as err:
+        assert "SGLANG_DSPARK_LAZY_RECORDS='off'" in str(err) and "use 1 (the default), all or 0" in str(err)
+    else:
+        raise AssertionError("an unknown lazy record ring setting was accepted")
+
+
 def test_buffered_decode_impl_reads_the_variable_and_refuses_unknown_values(monkeypatch):
     monkeypatch.delenv(settings.BUFFERED_DECODE_ENV, raising=False)
     assert settings.buffered_decode_impl() == "factored"

@@ -98,7 +98,7 @@ class SpecConfig:
     sps_table: bool = False  # --speculative-dspark-sps-table-path: compact picks short windows
     bad_input: bool = False
     decode_ring: bool = False  # --enable-linear-replayssm (plain decode through SGLang's decode ring)
-    lazy: bool = False  # the lazy record ring (SGLANG_DSPARK_LAZY_RECORDS=1 and --disable-radix-cache: safe on CPU)
+    lazy: bool = False  # the lazy record ring (--disable-radix-cache makes it safe on CPU); else every commit folds
     buffered_decode: Optional[str] = None  # SGLANG_DSPARK_BUFFERED_DECODE (decode ring); None = factored
 
     def args(self):
@@ -112,8 +112,7 @@ class SpecConfig:
 
     def env(self):
         env = {"SGLANG_RAGGED_VERIFY_MODE": self.ragged_mode}
-        if self.lazy:  # off by default (docs/lazy-flush.md)
-            env["SGLANG_DSPARK_LAZY_RECORDS"] = "1"
+        env["SGLANG_DSPARK_LAZY_RECORDS"] = "1" if self.lazy else "0"  # say which commit runs
         if self.buffered_decode is not None:
             env["SGLANG_DSPARK_BUFFERED_DECODE"] = self.buffered_decode
         return env

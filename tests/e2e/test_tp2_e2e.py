@@ -74,7 +74,7 @@ class TPConfig:
         return ["mtp_verify (ring)", "replayssm_fold"] if self.replayssm else ["mtp_verify (snapshot)"]
 
     def env(self) -> Dict[str, str]:
-        return {"SGLANG_DSPARK_LAZY_RECORDS": "1"} if self.lazy else {}  # off by default (docs/lazy-flush.md)
+        return {"SGLANG_DSPARK_LAZY_RECORDS": "1" if self.lazy else "0"}  # say which commit runs
 
 
 CONFIGS = [

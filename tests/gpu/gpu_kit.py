@@ -107,8 +107,8 @@ class Served:
     ragged: str = "static"  # SGLANG_RAGGED_VERIFY_MODE
     sps_table: bool = False  # compact scheduler picks windows shorter than gamma + 1
     decode_ring: bool = False  # --enable-linear-replayssm: plain decode through SGLang's decode ring
-    # SGLANG_DSPARK_LAZY_RECORDS: None = the default (fold every commit), "1" = the lazy record ring
-    # (windows up to LAZY_RECORDS_MAX_WINDOW), "0" = fold, "all" = the lazy record ring at any window
+    # SGLANG_DSPARK_LAZY_RECORDS: None = the default (as "1"), "1" = the lazy record ring (windows
+    # up to LAZY_RECORDS_MAX_WINDOW), "0" = fold every commit, "all" = the lazy record ring at any window
     lazy_records: Optional[str] = None
     prefill_graph: bool = False  # SGLang's breakable prefill CUDA graph (off for KDA models by default)
     buffered_decode: Optional[str] = None  # SGLANG_DSPARK_BUFFERED_DECODE; None = the default (factored)
@@ -175,7 +175,7 @@ class Served:
         """The lazy record ring runs: turned on, ReplaySSM with the default extra_buffer radix cache
         (the CPU dry run's no_buffer radix cache keeps it off) and windows up to
         LAZY_RECORDS_MAX_WINDOW (any window with ``lazy_records="all"``)."""
-        return (self.replayssm and self.lazy_records in ("1", "all") and not ON_CPU
+        return (self.replayssm and self.lazy_records in (None, "1", "all") and not ON_CPU
                 and (self.lazy_records == "all" or self.gamma + 1 <= LAZY_RECORDS_MAX_WINDOW))
 
     def expected_kernels(self) -> List[str]:
@@ -202,8 +202,8 @@ def configs(model: str) -> List[Served]:
     for gamma in (3, 7):
         for replayssm in (False, True):
             commit = "replayssm" if replayssm else "snapshot"
-            # ReplaySSM with the lazy record ring turned on (where it runs: gamma 3; gamma 7 folds)
-            lazy = "1" if replayssm else None
+            # ReplaySSM with the lazy record ring, the default (where it runs: gamma 3; gamma 7 folds)
+            lazy = None
             out.append(Served(model, f"dspark-g{gamma}-{commit}-static", "dspark", gamma, replayssm,
                               lazy_records=lazy))
             if not ON_CPU:
@@ -211,8 +211,8 @@ def configs(model: str) -> List[Served]:
                     Served(model, f"dspark-g{gamma}-{commit}-compact", "dspark", gamma, replayssm,
                            ragged="compact", sps_table=True, lazy_records=lazy)
                 )  # fmt: skip
-    if not ON_CPU:  # the default: fold every commit, next to the lazy record ring of the others
-        out.append(Served(model, "dspark-g3-replayssm-eager-static", "dspark", 3, True))
+    if not ON_CPU:  # fold every commit (SGLANG_DSPARK_LAZY_RECORDS=0), next to the lazy ring of the others
+        out.append(Served(model, "dspark-g3-replayssm-eager-static", "dspark", 3, True, lazy_records="0"))
         # 8-token windows on the lazy ring (off by default until they are shown faster)
         out.append(Served(model, "dspark-g7-replayssm-lazy-all-static", "dspark", 7, True, lazy_records="all"))
         # Prefills through SGLang's breakable prefill graph, served only when DSPARK_GPU_E2E_CONFIGS
@@ -225,7 +225,8 @@ def configs(model: str) -> List[Served]:
             Served(model, "stock-prefill-graph", "stock", prefill_graph=True),
             Served(model, "stock-g3-replayssm-prefill-graph", "stock", 3, True, prefill_graph=True),
             Served(model, "dspark-decode-prefill-graph", "dspark", prefill_graph=True),
-            Served(model, "dspark-g3-replayssm-eager-prefill-graph", "dspark", 3, True, prefill_graph=True),
+            Served(model, "dspark-g3-replayssm-eager-prefill-graph", "dspark", 3, True, lazy_records="0",
+                   prefill_graph=True),
             Served(model, "dspark-g3-replayssm-prefill-graph", "dspark", 3, True, lazy_records="1",
                    prefill_graph=True),
         ) if s.name in ONLY_CONFIGS]  # fmt: skip
