@@ -5,6 +5,8 @@ import ast
 import pathlib
 import re
 
+import pytest
+
 from sglang_dspark_plugin import settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -73,12 +75,9 @@ def test_lazy_records_on_by_default_off_with_0_and_refuses_unknown_values(monkey
         monkeypatch.setenv(settings.LAZY_RECORDS_ENV, value)
         assert (settings.lazy_records_enabled(), settings.lazy_records_any_window()) == (on, any_window), value
     monkeypatch.setenv(settings.LAZY_RECORDS_ENV, "off")
-    try:
+    with pytest.raises(ValueError) as err:
         settings.lazy_records_enabled()
-    except ValueError as err:
-        assert "SGLANG_DSPARK_LAZY_RECORDS='off'" in str(err) and "use 1 (the default), all or 0" in str(err)
-    else:
-        raise AssertionError("an unknown lazy record ring setting was accepted")
+    assert "SGLANG_DSPARK_LAZY_RECORDS='off'" in str(err.value) and "use 1 (the default), all or 0" in str(err.value)
 
 
 def test_buffered_decode_impl_reads_the_variable_and_refuses_unknown_values(monkeypatch):
@@ -87,9 +86,6 @@ def test_buffered_decode_impl_reads_the_variable_and_refuses_unknown_values(monk
     monkeypatch.setenv(settings.BUFFERED_DECODE_ENV, "rows")
     assert settings.buffered_decode_impl() == "rows"
     monkeypatch.setenv(settings.BUFFERED_DECODE_ENV, "fast")
-    try:
+    with pytest.raises(ValueError) as err:
         settings.buffered_decode_impl()
-    except ValueError as err:
-        assert "SGLANG_DSPARK_BUFFERED_DECODE='fast'" in str(err) and "factored, rows" in str(err)
-    else:
-        raise AssertionError("an unknown buffered decode kernel was accepted")
+    assert "SGLANG_DSPARK_BUFFERED_DECODE='fast'" in str(err.value) and "factored, rows" in str(err.value)

@@ -202,14 +202,12 @@ def configs(model: str) -> List[Served]:
     for gamma in (3, 7):
         for replayssm in (False, True):
             commit = "replayssm" if replayssm else "snapshot"
-            # ReplaySSM with the lazy record ring, the default (where it runs: gamma 3; gamma 7 folds)
-            lazy = None
-            out.append(Served(model, f"dspark-g{gamma}-{commit}-static", "dspark", gamma, replayssm,
-                              lazy_records=lazy))
+            # ReplaySSM with the default commit: the lazy record ring at gamma 3; gamma 7 folds
+            out.append(Served(model, f"dspark-g{gamma}-{commit}-static", "dspark", gamma, replayssm))
             if not ON_CPU:
                 out.append(
                     Served(model, f"dspark-g{gamma}-{commit}-compact", "dspark", gamma, replayssm,
-                           ragged="compact", sps_table=True, lazy_records=lazy)
+                           ragged="compact", sps_table=True)
                 )  # fmt: skip
     if not ON_CPU:  # fold every commit (SGLANG_DSPARK_LAZY_RECORDS=0), next to the lazy ring of the others
         out.append(Served(model, "dspark-g3-replayssm-eager-static", "dspark", 3, True, lazy_records="0"))
