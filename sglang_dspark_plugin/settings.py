@@ -75,12 +75,8 @@ def lazy_records_enabled() -> bool:
     """The lazy record ring where it is safe: the default (unset or empty), ``1`` or ``all``;
     ``SGLANG_DSPARK_LAZY_RECORDS=0`` folds every commit. Any other value is refused with one
     clear error."""
-    value = lazy_records_setting() or "1"
-    if value not in ("0", "1", "all"):
-        raise ValueError(
-            f"{LAZY_RECORDS_ENV}={value!r} is not a lazy record ring setting: use 1 (the default), all or 0"
-        )
-    return value != "0"
+    return _choice(LAZY_RECORDS_ENV, "1", ("0", "1", "all"),
+                   "a lazy record ring setting: use 1 (the default), all or 0") != "0"
 
 
 def lazy_records_setting() -> Optional[str]:
@@ -99,12 +95,17 @@ def buffered_decode_impl() -> str:
     """``SGLANG_DSPARK_BUFFERED_DECODE``: the ``impl`` of :func:`kernels.decode.decode` in SGLang's
     decode ring, ``factored`` when unset or empty (the faster kernel: docs/lazy-flush.md). Any
     other value is refused with one clear error."""
-    value = os.environ.get(BUFFERED_DECODE_ENV) or "factored"
-    if value not in BUFFERED_DECODE_IMPLS:
-        raise ValueError(
-            f"{BUFFERED_DECODE_ENV}={value!r} is not a buffered decode kernel: use one of "
-            f"{', '.join(BUFFERED_DECODE_IMPLS)} (or leave it unset for factored)"
-        )
+    return _choice(BUFFERED_DECODE_ENV, "factored", BUFFERED_DECODE_IMPLS,
+                   f"a buffered decode kernel: use one of {', '.join(BUFFERED_DECODE_IMPLS)} "
+                   "(or leave it unset for factored)")
+
+
+def _choice(env: str, default: str, choices, refusal: str) -> str:
+    """The value of ``env`` (``default`` when unset or empty); a value outside ``choices`` stops
+    with one clear error, ``<env>=<value> is not <refusal>``."""
+    value = os.environ.get(env) or default
+    if value not in choices:
+        raise ValueError(f"{env}={value!r} is not {refusal}")
     return value
 
 
