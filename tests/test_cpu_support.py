@@ -104,6 +104,28 @@ CHECKS = textwrap.dedent(
     except RuntimeError:
         pass
 
+    # Gates 9-11 (Kimi-K3): no alt CUDA streams, K3's tiny GEMM through torch, and SGLang's K3
+    # fused decode (a CUDA JIT kernel) not offered CPU tensors -- GPU tensors still are.
+    import sglang.srt.models.kimi_k3 as kimi_k3
+    import sglang.kernels.ops.gemm.kimi_k3 as k3_gemm
+    import sglang.kernels.ops.attention.kda_fused_decode as k3_decode
+    assert getattr(kimi_k3.KimiK3LinearModel.__init__, "_dspark_cpu_patch", False)
+    try:
+        torch.cuda.Stream()
+        raise AssertionError("a CUDA stream was created without CUDA: gate 9 is not needed")
+    except (RuntimeError, AssertionError) as exc:
+        assert "gate 9" not in str(exc), exc
+    assert k3_gemm._is_npu is True
+    x, w = torch.randn(3, 128, dtype=torch.bfloat16), torch.randn(1536, 128, dtype=torch.bfloat16)
+    assert torch.equal(k3_gemm.kimi_k3_tiny_gemm(x, w), torch.nn.functional.linear(x, w))
+    H = 12
+    args = (torch.zeros(2, 3 * H * 128), torch.zeros(2, H * 128), torch.zeros(2, H),
+            torch.zeros(4, 3, 3 * H * 128), torch.zeros(4, H, 128, 128), torch.zeros(2, dtype=torch.int32),
+            torch.zeros(2, H * 128))
+    assert k3_decode.covered(*args) is False
+    meta = [a.to("meta") for a in args]
+    assert k3_decode.covered(*meta) == k3_decode.covered.__wrapped__(*meta)
+
     # Shim 6: fla's custom_device_ctx is a no-op context on CPU.
     import sglang.kernels.ops.attention.fla.utils as fla_utils
     with fla_utils.custom_device_ctx(0):
@@ -121,5 +143,5 @@ def test_apply_installs_every_patch_in_a_fresh_process():
         [sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "OK 14 patches" in proc.stdout, proc.stdout[-2000:]  # 6 interpreter shims, 8 device gates
+    assert "OK 17 patches" in proc.stdout, proc.stdout[-2000:]  # 6 interpreter shims, 11 device gates
     assert "Executed general plugin: dspark_cpu" in proc.stderr

@@ -5,9 +5,9 @@ chain (scheduler -> KDA backend -> Triton kernels, DSPARK draft/verify/commit) s
 
 1. Triton runs in its interpreter (``TRITON_INTERPRET=1``; numpy executes every program) with a
    few fixes to the interpreter (``_install_triton_interpreter_shims``, six of them), and
-2. eight small device gates in SGLang let a plain CPU host through (the sixth only for
-   ``--tp-size > 1``, the seventh and eighth only for the ``extra_buffer`` Mamba radix cache)
-   (``_install_sglang_device_gate_patches``).
+2. eleven small device gates in SGLang let a plain CPU host through (the sixth only for
+   ``--tp-size > 1``, the seventh and eighth only for the ``extra_buffer`` Mamba radix cache, the
+   last three only for Kimi-K3 models) (``_install_sglang_device_gate_patches``).
 
 ``apply()`` installs both; it returns at once, changing nothing, when ``torch.cuda.is_available()``,
 and it is idempotent. Nothing here edits SGLang's or Triton's files on disk: every change is a
@@ -362,6 +362,9 @@ def _install_sglang_device_gate_patches() -> None:
     _when_imported("sglang.srt.distributed.parallel_state", _gate_pynccl_off_on_cpu)
     _when_imported("sglang.srt.arg_groups.mamba_hook", _gate_mamba_extra_buffer_on_cpu)
     _gate_pin_memory_cpu()
+    _when_imported("sglang.srt.models.kimi_k3", _gate_kimi_k3_streams_cpu)
+    _when_imported("sglang.kernels.ops.gemm.kimi_k3", _gate_kimi_k3_tiny_gemm_cpu)
+    _when_imported("sglang.kernels.ops.attention.kda_fused_decode", _gate_kimi_k3_fused_decode_cpu)
 
 
 def _gate_dspark_device_check(speculative_hook) -> None:
@@ -576,6 +579,73 @@ def _gate_pin_memory_cpu() -> None:
     pin_memory.__wrapped__ = original
     torch.Tensor.pin_memory = pin_memory
     _installed.append("torch: pin_memory is the tensor itself without CUDA")
+
+
+def _gate_kimi_k3_streams_cpu(kimi_k3) -> None:
+    """Gate 9 (Kimi-K3 models): ``KimiK3LinearModel`` creates three CUDA streams unconditionally.
+
+    ``models/kimi_k3.py`` builds ``self.alt_streams = [torch.cuda.Stream() for _ in range(3)]``
+    (off only on HIP); without a CUDA driver that raises "CUDA driver version is insufficient".
+    Every consumer of those streams checks ``stream is not None`` (and uses them only under CUDA
+    graph capture), so while the model's ``__init__`` runs on a host without CUDA,
+    ``torch.cuda.Stream()`` gives None: the K3 layers take their one-stream paths."""
+    import torch
+
+    model_cls = kimi_k3.KimiK3LinearModel
+    original = model_cls.__init__
+    if getattr(original, "_dspark_cpu_patch", False):
+        return
+
+    def __init__(self, *args, **kwargs):
+        if torch.cuda.is_available():
+            return original(self, *args, **kwargs)
+        stream_cls = torch.cuda.Stream
+        torch.cuda.Stream = lambda *a, **k: None
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            torch.cuda.Stream = stream_cls
+
+    __init__._dspark_cpu_patch = True
+    __init__.__wrapped__ = original
+    model_cls.__init__ = __init__
+    _installed.append("sglang: Kimi-K3 without alt streams on CPU")
+
+
+def _gate_kimi_k3_tiny_gemm_cpu(k3_gemm) -> None:
+    """Gate 10 (Kimi-K3 models): K3's small projections launch a CUDA JIT GEMM.
+
+    ``kernels/ops/gemm/kimi_k3.py``'s ``kimi_k3_tiny_gemm`` sends shapes it has tuned (K3's
+    ``f_b`` projection of 12 heads among them) with a few tokens to ``tiny_gemm_bf16``, a CUDA JIT
+    kernel that reads the SM count ("Found no NVIDIA driver"); everything else goes to
+    ``torch.nn.functional.linear``. The module's ``_is_npu`` is read only in that condition (NPU
+    hosts take the torch path), so we set it: a CPU host takes the torch path too."""
+    k3_gemm._is_npu = True
+    _installed.append("sglang: Kimi-K3 tiny GEMM through torch")
+
+
+def _gate_kimi_k3_fused_decode_cpu(kda_fused_decode) -> None:
+    """Gate 11 (Kimi-K3 models, stock SGLang's decode): the K3 fused decode is a CUDA JIT kernel.
+
+    For a K3 layer of 12 heads per rank, SGLang's ``KDAAttnBackend.forward_decode`` runs
+    ``kda_fused_decode.kda_fused_decode`` (conv, recurrence and gated RMSNorm in one CUDA kernel)
+    whenever ``kda_fused_decode.covered(...)`` accepts the shapes; building it needs nvcc and a GPU
+    ("Failed to build JIT module"). ``covered`` is SGLang's own gate for that kernel: answering
+    False for CPU tensors sends decode down SGLang's unfused Triton chain, and the model applies
+    ``o_norm`` itself (the path SGLang takes for any shape the kernel does not cover)."""
+    original = kda_fused_decode.covered
+    if getattr(original, "_dspark_cpu_patch", False):
+        return
+
+    def covered(mixed_qkv, *args, **kwargs):
+        if mixed_qkv.device.type == "cpu":
+            return False
+        return original(mixed_qkv, *args, **kwargs)
+
+    covered._dspark_cpu_patch = True
+    covered.__wrapped__ = original
+    kda_fused_decode.covered = covered
+    _installed.append("sglang: Kimi-K3 fused decode off for CPU tensors")
 
 
 def _torch_state_scatter(dst, src, dst_indices, step_indices, src_rows, check_src_nonnegative):
