@@ -166,3 +166,50 @@ def _load_delta(hi_ptr, lo_ptr, offs, mask, SPLIT: tl.constexpr):
     else:
         d = tl.load(hi_ptr + offs, mask=mask, other=0.0)
     return d
+
+
+# ----------------------------------------------------------------------------------------------
+# Output gate (Kimi-K3's o_norm, fused into the epilogue of verify and decode)
+# ----------------------------------------------------------------------------------------------
+
+@triton.jit
+def _gated_rms_norm(x, gate, w, eps):
+    """K3's output norm on rows ``x [R, 128]``: SGLang's ``FusedRMSNormGated`` with the sigmoid
+    gate, in its order of operations: ``((x * rstd) * w) * sigmoid(gate)`` with
+    ``rstd = 1 / sqrt(sum(x^2) / 128 + eps)``, all fp32. ``x`` holds the attention output as the
+    model would see it (already rounded to the activation dtype)."""
+    var = tl.sum(x * x, axis=1) / 128
+    rstd = 1 / tl.sqrt(var + eps)
+    return x * rstd[:, None] * w[None, :] * tl.sigmoid(gate)
+
+
+@triton.jit
+def _apply_output_gate(o_ptr, s_o_t, g_ptr, s_g_t, w_ptr, eps, n_tok, TR: tl.constexpr, ACT_BF16: tl.constexpr):
+    """Replace the ``n_tok`` (<= ``TR``) output rows of one (request, head) at ``o_ptr`` (row
+    stride ``s_o_t``, 128 channels) by their gated RMS norm; the gate rows at ``g_ptr``
+    (stride ``s_g_t``), the norm weight (``[128]``, fp32 or bf16) at ``w_ptr``. The rows are
+    read through L2 (``.cg``): other programs of the launch may have written them."""
+    offs_t = tl.arange(0, TR)
+    offs_c = tl.arange(0, 128)
+    m = (offs_t < n_tok)[:, None]
+    rows = offs_t.to(tl.int64)[:, None]
+    x = tl.load(o_ptr + rows * s_o_t + offs_c[None, :], mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
+    gate = tl.load(g_ptr + rows * s_g_t + offs_c[None, :], mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs_c).to(tl.float32)
+    y = _gated_rms_norm(x, gate, w, eps)
+    tl.store(o_ptr + rows * s_o_t + offs_c[None, :], _round_act(y, ACT_BF16).to(o_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _last_tile_of_head(cnt_ptr, NVT: tl.constexpr):
+    """True in exactly one of the ``NVT`` programs that share the counter at ``cnt_ptr`` (the
+    V-tiles of one (request, head)): the last to arrive, after every program's earlier stores
+    are visible to it. It resets the counter to 0 for the next launch (CUDA-graph replays
+    included). The barrier orders the whole program's stores before its arrival (a release at
+    GPU scope); the arrival's acquire orders the winner's later loads after them."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    last = arrived == NVT - 1
+    if last:
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+    return last

@@ -44,8 +44,8 @@ import triton.language as tl
 from ..settings import HEAD_DIM
 from . import launch_config as LC
 from . import validation as V
-from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _load_conv_window,
-                     _pdl_enter, _round_act, _sigmoid)
+from .common import (_apply_output_gate, _conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights,
+                     _load_conv_window, _pdl_enter, _round_act, _sigmoid)
 from .reference import default_scale
 
 
@@ -91,9 +91,11 @@ def _decode_kernel(
     s_w, s_ssm_slot, s_conv_slot, s_conv_row,
     rd_ptr, rk_ptr, rg_ptr, wp_ptr, ff_ptr, ring_len,
     s_rd_slot, s_rd_h, s_rd_l, s_rk_slot, s_rk_h, s_rk_l, s_rg_slot, s_rg_h, s_rg_l,
+    og_ptr, onw_ptr, onorm_eps, s_og_t, s_og_h,
     BV: tl.constexpr, ACT_BF16: tl.constexpr, USE_LB: tl.constexpr,
     BUFFERED: tl.constexpr = False, LP: tl.constexpr = 16, HAS_FORCE_FLUSH: tl.constexpr = False,
     DOT_PREC: tl.constexpr = "tf32x3", USE_PDL: tl.constexpr = False, FACTORED: tl.constexpr = False,
+    GATE: tl.constexpr = False,
 ):
     _pdl_enter(USE_PDL)
     n = tl.program_id(0)
@@ -219,6 +221,12 @@ def _decode_kernel(
                 tl.store(s_ptrs, S)
                 o = tl.sum(S * qn[None, :], axis=1)
             tl.store(o_base + offs_v, _round_act(o, ACT_BF16).to(out_ty))
+        if GATE:
+            # the output gate over the whole head: this program's V-tiles, read back (other threads
+            # stored them)
+            tl.debug_barrier()
+            _apply_output_gate(o_base, 0, og_ptr + tok * s_og_t + h64 * s_og_h, 0, onw_ptr, onorm_eps, 1,
+                               TR=2, ACT_BF16=ACT_BF16)
         if BUFFERED:
             if not flush:
                 tl.store(rk_base + w * s_rk_l + offs_k, kn)
@@ -248,6 +256,8 @@ def decode(
     force_flush: Optional[torch.Tensor] = None,
     block_v: Optional[int] = None, num_warps: Optional[int] = None,
     impl: Optional[str] = None, dot_precision: str = "tf32x3",
+    output_gate: Optional[torch.Tensor] = None, output_norm_weight: Optional[torch.Tensor] = None,
+    output_norm_eps: Optional[float] = None,
 ) -> torch.Tensor:
     """KDA decode step for B requests of one token each; updates the conv state in place and the
     recurrent state in place (plain) or through SGLang's decode ring (buffered: the rings given).
@@ -296,6 +306,12 @@ def decode(
     dot_precision : str
         ``tl.dot`` precision of the buffered state reconstruction (``"tf32x3"``: about fp32;
         ``"ieee"``).
+    output_gate, output_norm_weight, output_norm_eps : optional, all or none
+        Kimi-K3's output gate, fused: each output row (rounded to the activation dtype) becomes
+        ``o * rsqrt(mean(o^2) + eps) * weight * sigmoid(gate)`` (the model's ``o_norm``,
+        ``FusedRMSNormGated`` with the sigmoid gate). ``output_gate`` ``[1, B, H, 128]`` bf16 /
+        fp32, last dim contiguous (a view of the model's gate projection); ``output_norm_weight``
+        ``[128]`` fp32 or bf16; ``output_norm_eps`` a Python float.
 
     Returns
     -------
@@ -327,8 +343,10 @@ def decode(
     if L and force_flush is not None:
         V.check_index("force_flush", force_flush, B, what="nonzero = flush this step")
     buffered = dict(ring_d=ring_d, ring_k=ring_k, ring_g=ring_g, write_pos=write_pos) if L else {}
+    gate = V.check_output_gate(output_gate, output_norm_weight, output_norm_eps, None, T, H, None)
     V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
-                   ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, out=out, **buffered)
+                   ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, out=out,
+                   output_gate=output_gate, output_norm_weight=output_norm_weight, **buffered)
     factored = impl == "factored"
     cfg = LC.decode(H, B, buffered=bool(L), factored=factored)
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
@@ -344,6 +362,10 @@ def decode(
         return out
     rings = (ring_d, ring_k, ring_g) if L else (ssm_state,) * 3  # unread when plain
     ring_strides = [st for r in rings for st in r.stride()[:3]]
+    if gate is not None:
+        gate_args = (output_gate, output_norm_weight, gate[0], output_gate.stride(1), output_gate.stride(2))
+    else:
+        gate_args = (out, out, 0.0, 0, 0)  # placeholders, never touched
     _decode_kernel[(B, H)](
         q, k, v, a, b, out,
         conv_weight, A_flat, dt_flat,
@@ -354,9 +376,10 @@ def decode(
         conv_weight.stride(0), ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
         *rings, write_pos if L else slot_indices, force_flush if force_flush is not None else slot_indices,
         L, *ring_strides,
+        *gate_args,
         BV=BV, ACT_BF16=act == torch.bfloat16, USE_LB=lower_bound is not None,
         BUFFERED=bool(L), LP=max(16, triton.next_power_of_2(max(L, 1))),
         HAS_FORCE_FLUSH=bool(L) and force_flush is not None, DOT_PREC=dot_precision, FACTORED=factored,
-        num_warps=warps, **LC.pdl_kwargs(dev),
+        GATE=gate is not None, num_warps=warps, **LC.pdl_kwargs(dev),
     )
     return out

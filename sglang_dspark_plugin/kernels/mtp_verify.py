@@ -24,8 +24,8 @@ import triton.language as tl
 from ..settings import HEAD_DIM
 from . import launch_config as LC
 from . import validation as V
-from .common import (_conv_silu, _delta_step, _kda_gate, _l2norm, _load_conv_weights, _load_conv_window,
-                     _pdl_enter, _round_act, _sigmoid)
+from .common import (_apply_output_gate, _conv_silu, _delta_step, _kda_gate, _l2norm, _last_tile_of_head,
+                     _load_conv_weights, _load_conv_window, _pdl_enter, _round_act, _sigmoid)
 from .mtp_verify_chunked import launch_verify_ring_chunked
 from .reference import default_scale
 
@@ -51,8 +51,10 @@ def _mtp_verify_kernel(
     s_issm_row, s_issm_step,
     s_rv_slot, s_rv_h, s_rv_t, s_rk_slot, s_rk_h, s_rk_t,
     s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t,
+    og_ptr, onw_ptr, cnt_ptr, onorm_eps, s_og_t, s_og_h,
     STEPS: tl.constexpr, BV: tl.constexpr, ACT_BF16: tl.constexpr,
     USE_LB: tl.constexpr, SNAPSHOT: tl.constexpr, RING: tl.constexpr, USE_PDL: tl.constexpr = False,
+    GATE: tl.constexpr = False, TP: tl.constexpr = 2,
 ):
     _pdl_enter(USE_PDL)
     iv = tl.program_id(0)
@@ -176,6 +178,14 @@ def _mtp_verify_kernel(
             if SNAPSHOT:
                 tl.store(issm_ptr + row * s_issm_row + t * s_issm_step + h64 * (KD * KD)
                          + offs_v[:, None] * KD + offs_k[None, :], S)
+        if GATE:
+            # The output gate normalises each output row over all 128 channels, which the
+            # head's 128 // BV V-tile programs hold between them: the last to finish applies it.
+            NVT: tl.constexpr = KD // BV
+            if _last_tile_of_head(cnt_ptr + n * H + h, NVT):
+                _apply_output_gate(out_ptr + bos.to(tl.int64) * s_o_t + h64 * s_o_h, s_o_t,
+                                   og_ptr + bos.to(tl.int64) * s_og_t + h64 * s_og_h, s_og_t, onw_ptr, onorm_eps,
+                                   n_tok, TR=TP, ACT_BF16=ACT_BF16)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,6 +208,8 @@ def mtp_verify(
     prep_block_k: Optional[int] = None, prep_num_warps: Optional[int] = None,
     finish: Optional[bool] = None,
     record_cursor: Optional[torch.Tensor] = None, ring_delta=None,
+    output_gate: Optional[torch.Tensor] = None, output_norm_weight: Optional[torch.Tensor] = None,
+    output_norm_eps: Optional[float] = None, output_gate_workspace: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """KDA speculative verify of N requests x (1 + num_spec) tokens; state and conv are read-only
     (except the lazy record ring's flush, which writes the state: ``record_cursor``).
@@ -297,6 +309,19 @@ def mtp_verify(
         value (lossless; SGLang's bf16 ``replayssm_d`` / ``replayssm_k``, which the speculative ring
         leaves unused).
 
+    output_gate, output_norm_weight, output_norm_eps : optional, all or none
+        Kimi-K3's output gate, fused into the epilogue: each output row (rounded to the
+        activation dtype) becomes ``o * rsqrt(mean(o^2) + eps) * weight * sigmoid(gate)`` (the
+        model's ``o_norm``, ``FusedRMSNormGated`` with the sigmoid gate). ``output_gate``
+        ``[1, T, H, 128]`` bf16 / fp32, last dim contiguous (token and head strides free: a view of
+        the model's gate projection); ``output_norm_weight`` ``[128]`` fp32 or bf16;
+        ``output_norm_eps`` a Python float. The row's 128 channels are spread over the V-tile
+        programs of its head: the last of them to finish normalises the head's rows.
+    output_gate_workspace : torch.Tensor, optional
+        With the output gate: ``[>= N * H]`` int32 zeros, the per-(request, head) arrival counters
+        of the V-tile programs; the kernel leaves them zero, so one buffer serves every call (and
+        CUDA-graph replay). None allocates one per call (a memset launch).
+
     Exactly one of snapshot mode (``intermediate_ssm``) and ring mode (all four rings) must be used.
 
     Returns
@@ -317,7 +342,9 @@ def mtp_verify(
         ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, cu_seqlens=cu_seqlens,
         num_spec=num_spec, intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
         intermediate_ssm=intermediate_ssm, rings=(ring_rawv, ring_rawk, ring_g, ring_beta), scale=scale, out=out,
-        record_cursor=record_cursor, ring_delta=ring_delta,
+        record_cursor=record_cursor, ring_delta=ring_delta, output_gate=output_gate,
+        output_norm_weight=output_norm_weight, output_norm_eps=output_norm_eps,
+        output_gate_workspace=output_gate_workspace,
     )
     plan = plan_mtp_verify(
         checked.H, checked.N, checked.steps, ring=checked.ring, impl=impl, block_v=block_v, num_warps=num_warps,
@@ -328,11 +355,17 @@ def mtp_verify(
         out = torch.empty((1, checked.T, checked.H, HEAD_DIM), dtype=checked.act, device=q.device)
     if checked.N == 0:
         return out
+    gate = None
+    if checked.gate_eps is not None:
+        counters = output_gate_workspace
+        if counters is None:
+            counters = torch.zeros(checked.N * checked.H, dtype=torch.int32, device=q.device)
+        gate = (output_gate, output_norm_weight, checked.gate_eps, counters)
     _launch(
         plan, checked, q, k, v, a, b, out, conv_weight=conv_weight, ssm_state=ssm_state, conv_state=conv_state,
         slot_indices=slot_indices, cu_seqlens=cu_seqlens, intermediate_conv=intermediate_conv,
         intermediate_rows=intermediate_rows, intermediate_ssm=intermediate_ssm,
-        rings=(ring_rawv, ring_rawk, ring_g, ring_beta), record_cursor=record_cursor,
+        rings=(ring_rawv, ring_rawk, ring_g, ring_beta), record_cursor=record_cursor, gate=gate,
     )
     return out
 
@@ -356,11 +389,13 @@ class _Checked:
     lower_bound: Optional[float]
     scale: float
     delta: Optional[tuple] = None  # lazy record ring: (hi, lo) delta ring(s), lo None when fp32
+    gate_eps: Optional[float] = None  # the output gate's eps, None without the output gate
 
 
 def _validate(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, ssm_state, conv_state, slot_indices,
               cu_seqlens, num_spec, intermediate_conv, intermediate_rows, intermediate_ssm, rings, scale,
-              out, record_cursor=None, ring_delta=None) -> _Checked:
+              out, record_cursor=None, ring_delta=None, output_gate=None, output_norm_weight=None,
+              output_norm_eps=None, output_gate_workspace=None) -> _Checked:
     """Check every argument of :func:`mtp_verify` (raises ``DSparkError`` E1xx, first problem first)."""
     T, H, act = V.check_activations([("q", q, True), ("k", k, True), ("v", v, True), ("a", a, False)])
     dev = q.device
@@ -408,14 +443,16 @@ def _validate(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, ssm_st
         V.check_out(out, T, H, act)
     ring_rawv, ring_rawk, ring_g, ring_beta = rings
     delta = V.check_lazy_ring(record_cursor, ring_delta, ring_rawk, ssm_state.shape[0], ring)
+    gate = V.check_output_gate(output_gate, output_norm_weight, output_norm_eps, output_gate_workspace, T, H, N)
     V.check_device(dev, k=k, v=v, a=a, b=b, conv_weight=conv_weight, A_log=A_log, dt_bias=dt_bias,
                    ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices, cu_seqlens=cu_seqlens,
                    intermediate_conv=intermediate_conv, intermediate_rows=intermediate_rows,
                    intermediate_ssm=intermediate_ssm, ring_rawv=ring_rawv, ring_rawk=ring_rawk, ring_g=ring_g,
                    ring_beta=ring_beta, out=out, record_cursor=record_cursor,
-                   ring_delta=None if delta is None else delta[0])
+                   ring_delta=None if delta is None else delta[0], output_gate=output_gate,
+                   output_norm_weight=output_norm_weight, output_gate_workspace=output_gate_workspace)
     return _Checked(T=T, H=H, N=N, steps=steps, act=act, ring=ring, A_flat=A_flat, dt_flat=dt_flat,
-                    lower_bound=lower_bound, scale=scale, delta=delta)
+                    lower_bound=lower_bound, scale=scale, delta=delta, gate_eps=None if gate is None else gate[0])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -478,8 +515,10 @@ def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[st
 # ----------------------------------------------------------------------------------------------
 
 def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, ssm_state, conv_state, slot_indices,
-            cu_seqlens, intermediate_conv, intermediate_rows, intermediate_ssm, rings, record_cursor=None) -> None:
-    """Launch the planned kernel(s) on validated arguments."""
+            cu_seqlens, intermediate_conv, intermediate_rows, intermediate_ssm, rings, record_cursor=None,
+            gate=None) -> None:
+    """Launch the planned kernel(s) on validated arguments; ``gate``: ``(output_gate, weight, eps,
+    counters)`` or None."""
     dev = q.device
     if plan.impl == "chunked":
         ring_rawv, ring_rawk, ring_g, ring_beta = rings
@@ -492,7 +531,7 @@ def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, s
             block_v=plan.block_v, block_k=plan.block_k, num_warps=plan.num_warps, num_stages=plan.num_stages,
             prep_block_k=plan.prep_block_k, prep_num_warps=plan.prep_num_warps, dot_precision=plan.dot_precision,
             finish=plan.finish, finish_num_warps=plan.finish_num_warps, pdl_kwargs=LC.pdl_kwargs(dev),
-            record_cursor=record_cursor, ring_delta=c.delta)
+            record_cursor=record_cursor, ring_delta=c.delta, gate=gate)
         return
     extra = {} if plan.num_stages is None else dict(num_stages=plan.num_stages)
     snapshot = not c.ring
@@ -506,6 +545,11 @@ def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, s
         rv = rk = rg = rb = ssm_state
         ring_strides = (0,) * 12
 
+    if gate is not None:
+        og, onw, eps, counters = gate
+        gate_args = (og, onw, counters, eps, og.stride(1), og.stride(2))
+    else:
+        gate_args = (out, out, slot_indices, 0.0, 0, 0)  # placeholders, never touched
     grid = (HEAD_DIM // plan.block_v, c.N, c.H)
     _mtp_verify_kernel[grid](
         q, k, v, a, b, out,
@@ -521,7 +565,9 @@ def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, s
         intermediate_conv.stride(0), intermediate_conv.stride(1), intermediate_conv.stride(2),
         *issm_strides,
         *ring_strides,
+        *gate_args,
         STEPS=c.steps, BV=plan.block_v, ACT_BF16=c.act == torch.bfloat16,
         USE_LB=c.lower_bound is not None, SNAPSHOT=snapshot, RING=c.ring,
+        GATE=gate is not None, TP=max(2, triton.next_power_of_2(c.steps)),
         num_warps=plan.num_warps, **extra, **LC.pdl_kwargs(dev),
     )

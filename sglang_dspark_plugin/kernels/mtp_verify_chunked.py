@@ -42,8 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (_carried_keys, _conv_silu, _kda_gate, _lazy_cursor, _load_delta, _pdl_enter, _round_act,
-                     _sigmoid, _store_delta)
+from .common import (_apply_output_gate, _carried_keys, _conv_silu, _kda_gate, _last_tile_of_head, _lazy_cursor,
+                     _load_delta, _pdl_enter, _round_act, _sigmoid, _store_delta)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -369,9 +369,10 @@ def _verify_stream_kernel(
     s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row,
     s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_rb_slot, s_rb_h, s_rb_t,
     s_rd_slot, s_rd_h, s_rd_t,
+    og_ptr, onw_ptr, cnt_ptr, onorm_eps, s_og_t, s_og_h,
     STEPS: tl.constexpr, TP: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr, NC: tl.constexpr,
     FINISHED: tl.constexpr, ACT_BF16: tl.constexpr, DOT_PREC: tl.constexpr, USE_PDL: tl.constexpr = False,
-    LAZY: tl.constexpr = False, LP: tl.constexpr = 16, SPLIT_D: tl.constexpr = False,
+    LAZY: tl.constexpr = False, LP: tl.constexpr = 16, SPLIT_D: tl.constexpr = False, GATE: tl.constexpr = False,
 ):
     """Program (iv, n, h): stream the state tile ``[BV, 128]`` through ``tl.dot``, do the V-tile's
     v conv (conv windows, rawv ring) and combine.
@@ -533,6 +534,13 @@ def _verify_stream_kernel(
             _store_delta(rd_hi_ptr, rd_lo_ptr, rd_off + (base + offs_t)[None, :] * s_rd_t + offs_v[:, None], U,
                          live[None, :], SPLIT_D)
         tl.store(o_ptrs, _round_act(o, ACT_BF16).to(out_ty), mask=live[None, :])
+        if GATE:
+            # the output gate needs each row's 128 channels, spread over the head's V-tile
+            # programs: the last of them to finish normalises the head's rows
+            if _last_tile_of_head(cnt_ptr + n * H + h, KD // BV):
+                _apply_output_gate(out_ptr + bos.to(tl.int64) * s_o_t + h64 * s_o_h, s_o_t,
+                                   og_ptr + bos.to(tl.int64) * s_og_t + h64 * s_og_h, s_og_t, onw_ptr, onorm_eps,
+                                   n_tok, TR=TP, ACT_BF16=ACT_BF16)
 
 
 def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_flat, lower_bound, scale, ssm_state,
@@ -540,7 +548,7 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
                                ring_rawv, ring_rawk, ring_g, ring_beta, N, T, H, steps, act_bf16,
                                block_v=128, block_k=32, num_warps=4, num_stages=None, dot_precision="tf32x3",
                                finish=False, finish_num_warps=4, prep_block_k=32, prep_num_warps=1, pdl_kwargs=None,
-                               record_cursor=None, ring_delta=None):
+                               record_cursor=None, ring_delta=None, gate=None):
     """Launch the prep, (with ``finish``) finish and streaming kernels on arguments ``mtp_verify``
     has validated.
 
@@ -550,7 +558,9 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
     ``TP = next_pow2(1 + num_spec)``, ``NC = 128 / prep_block_k``. Lazy record ring (``record_cursor``
     given, ``ring_delta`` a pair ``(hi, lo)``: one fp32 ring and None, or two 16-bit rings): the
     window's betas ``[N, H, TP]``, the pending records' carried keys ``[N, H, LP, 128]`` and the
-    checkpoint decays ``[N, H, 128]``, fp32, ``LP = max(16, next_pow2(L))``."""
+    checkpoint decays ``[N, H, 128]``, fp32, ``LP = max(16, next_pow2(L))``. Output gate (``gate``:
+    ``(output_gate, weight, eps, counters)``): the streaming kernel's last V-tile program of each
+    (request, head) applies it."""
     rv, rk, rg, rb = ring_rawv, ring_rawk, ring_g, ring_beta
     TP = max(2, triton.next_power_of_2(steps))
     dev = q.device
@@ -594,6 +604,11 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
             slot_indices, cu_seqlens, rb, ws, wp, wss, pp, cursor, wb, L, H, scale,
             rb.stride(0), rb.stride(1), rb.stride(2),
             STEPS=steps, TP=TP, NC=NC, LAZY=lazy, num_warps=finish_num_warps, **pdl_kw)
+    if gate is not None:
+        og, onw, eps, counters = gate
+        gate_args = (og, onw, counters, eps, og.stride(1), og.stride(2))
+    else:
+        gate_args = (out, out, slot_indices, 0.0, 0, 0)  # placeholders, never touched
     kw = dict(num_warps=num_warps, **pdl_kw)
     if num_stages is not None:
         kw["num_stages"] = num_stages
@@ -607,7 +622,8 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
         icw.stride(0), icw.stride(1), icw.stride(2),
         rv.stride(0), rv.stride(1), rv.stride(2), rb.stride(0), rb.stride(1), rb.stride(2),
         *(rd_hi.stride()[:3] if lazy else (0, 0, 0)),
+        *gate_args,
         STEPS=steps, TP=TP, BV=block_v, BK=block_k, NC=NC, FINISHED=finish, ACT_BF16=act_bf16,
-        DOT_PREC=dot_precision, LAZY=lazy, LP=LP, SPLIT_D=split_d, **kw,
+        DOT_PREC=dot_precision, LAZY=lazy, LP=LP, SPLIT_D=split_d, GATE=gate is not None, **kw,
     )
     return out

@@ -15,7 +15,9 @@ Math per (request, head), token t (K = V = 128; D = 3*H*128 channels laid out [q
 * ``g = lower_bound * sigmoid(exp(A_log) * (a + dt_bias))`` if ``lower_bound`` is not None,
   else ``g = -exp(A_log) * softplus(a + dt_bias)`` (threshold 20);
 * ``S <- S * exp(g)[None, :]``; ``u = beta * (v - S k)``; ``S <- S + u k^T``; ``o = S q``
-  with ``S`` stored ``[V, K]``.
+  with ``S`` stored ``[V, K]``;
+* with an output gate (Kimi-K3's ``o_norm``): ``o`` rounded to the activation dtype, then
+  ``o * rsqrt(mean(o^2) + eps) * weight * sigmoid(gate)``.
 
 Indices are read with ``.tolist()`` here; that is fine for an oracle, never for the kernels.
 """
@@ -85,6 +87,23 @@ def readout(S: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.einsum("...vk,...k->...v", S, q)
 
 
+def gated_rms_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Kimi-K3's output norm (SGLang's ``FusedRMSNormGated``, sigmoid gate) over the last dim:
+    ``o * rsqrt(mean(o^2) + eps) * weight * sigmoid(gate)``. ``o`` is the attention output as the
+    model sees it (rounded to the activation dtype); everything in ``o``'s dtype."""
+    rstd = torch.rsqrt((o * o).mean(-1, keepdim=True) + eps)
+    return o * rstd * weight.to(o.dtype) * torch.sigmoid(gate.to(o.dtype))
+
+
+def _gated_output(o, tok, output_gate, output_norm_weight, output_norm_eps, act_dtype):
+    """The output rows ``o [n, H, 128]`` of tokens ``tok`` as written: as is, or through the
+    output gate (``o`` first rounded to the activation dtype, as the model receives it)."""
+    if output_gate is None:
+        return o
+    o = o.to(act_dtype).to(o.dtype)
+    return gated_rms_norm(o, output_gate[0, tok].to(o.dtype), output_norm_weight, output_norm_eps)
+
+
 class _Token:
     """Projections of one token per request (leading dims ``[...]``, all heads), compute dtype.
 
@@ -123,7 +142,8 @@ def _token_inputs(q, k, v, a, b, tok, cd):
 def mtp_verify_ref(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, ssm_state, conv_state,
                    slot_indices, cu_seqlens, num_spec, intermediate_conv, intermediate_rows,
                    intermediate_ssm=None, ring_rawv=None, ring_rawk=None, ring_g=None, ring_beta=None,
-                   scale=None, out=None, act_dtype=None, compute_dtype=torch.float64):
+                   scale=None, out=None, act_dtype=None, compute_dtype=torch.float64,
+                   output_gate=None, output_norm_weight=None, output_norm_eps=None):
     """Reference of :func:`sglang_dspark_plugin.kernels.mtp_verify` (same arguments and writes).
 
     ``ssm_state`` / ``conv_state`` are read only; writes go to ``out``, ``intermediate_conv``,
@@ -160,7 +180,9 @@ def mtp_verify_ref(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, s
                     scale=scale, act_dtype=act_dtype, H=H)
         window = tk.window
         S = delta_step(S, tk.k, tk.g, tk.beta, tk.rawv)
-        out[0, tok[act]] = readout(S, tk.q)[act].to(out.dtype)
+        o = _gated_output(readout(S, tk.q)[act], tok[act], output_gate, output_norm_weight, output_norm_eps,
+                          act_dtype)
+        out[0, tok[act]] = o.to(out.dtype)
         intermediate_conv[rows[act], t] = window[act].to(intermediate_conv.dtype)
         if intermediate_ssm is not None:
             intermediate_ssm[rows[act], t] = S[act].to(intermediate_ssm.dtype)
@@ -174,7 +196,8 @@ def mtp_verify_ref(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, s
 
 @torch.no_grad()
 def decode_ref(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, ssm_state, conv_state,
-               slot_indices, scale=None, out=None, act_dtype=None, compute_dtype=torch.float64):
+               slot_indices, scale=None, out=None, act_dtype=None, compute_dtype=torch.float64,
+               output_gate=None, output_norm_weight=None, output_norm_eps=None):
     """Reference of :func:`sglang_dspark_plugin.kernels.decode`: one token per request, conv and
     recurrent state updated in place; slot -1 rows untouched with zero output."""
     cd = compute_dtype
@@ -194,7 +217,8 @@ def decode_ref(q, k, v, a, b, *, conv_weight, A_log, dt_bias, lower_bound, ssm_s
     tk = _Token(conv_state[slots].to(cd), x, a_t, b_t, weight=w, A_log=A_log_c, dt_bias=dt_c,
                 lower_bound=lower_bound, scale=scale, act_dtype=act_dtype, H=H)
     S = delta_step(ssm_state[slots].to(cd), tk.k, tk.g, tk.beta, tk.rawv)
-    out[0, live] = readout(S, tk.q).to(out.dtype)
+    o = _gated_output(readout(S, tk.q), live, output_gate, output_norm_weight, output_norm_eps, act_dtype)
+    out[0, live] = o.to(out.dtype)
     ssm_state[slots] = S.to(ssm_state.dtype)
     conv_state[slots] = tk.window.to(conv_state.dtype)
     return out

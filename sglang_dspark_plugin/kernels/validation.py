@@ -43,6 +43,7 @@ E_SCALAR = "DSPARK-E120"  # lower_bound / scale not a Python number (a tensor wo
 E_BLOCK_V = "DSPARK-E121"  # block_v not a power of two in 1..128
 E_BLOCK_K = "DSPARK-E122"  # block_k (the chunked verify's K-chunk) not a power of two in 16..128
 E_IMPL = "DSPARK-E123"  # impl names no kernel of the wrapper
+E_OUTPUT_GATE = "DSPARK-E124"  # output gate (K3's o_norm) arguments: partial set, shape, dtype, layout, eps, workspace
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -435,3 +436,57 @@ def check_delta_ring(ring_delta, ring_rawk):
         raise dspark_error(E_RING, "ring_delta", expected="two 2-byte rings with equal strides (high, low halves)",
                            got=f"{_desc(hi)} / {_desc(lo)}", fix="pass (replayssm_d, replayssm_k) of one layer")
     return hi.view(torch.int16), lo.view(torch.int16)
+
+
+def check_output_gate(gate, weight, eps, workspace, T: int, H: int, N: int):
+    """The output gate arguments (Kimi-K3's gated RMSNorm fused into the epilogue), all or none:
+    ``gate [1, T, H, 128]`` bf16 / fp32 with the last dim contiguous (token and head strides free:
+    a view of the model's fused projection), ``weight [128]`` fp32 or bf16 contiguous, ``eps`` a
+    positive Python float and, where the kernel needs one (``N`` not None), ``workspace``: None
+    or an int32 tensor of at least ``N * H`` zeros. Returns ``(eps, workspace)`` or None."""
+    given = {"output_gate": gate, "output_norm_weight": weight, "output_norm_eps": eps}
+    missing = [name for name, value in given.items() if value is None]
+    if len(missing) == 3:
+        if workspace is not None:
+            raise dspark_error(E_OUTPUT_GATE, "output_gate_workspace", expected="no workspace without an output gate",
+                               got="a workspace", fix="pass output_gate_workspace only with the output gate")
+        return None
+    if missing:
+        raise dspark_error(
+            E_OUTPUT_GATE, "/".join(missing), expected="all three output gate arguments or none",
+            got=f"{3 - len(missing)} of 3 (missing {', '.join(missing)})",
+            fix="pass output_gate, output_norm_weight and output_norm_eps together (the model's o_norm gate, "
+                "o_norm.weight and o_norm.eps), or none of them",
+        )
+    check_tensor("output_gate", gate, E_OUTPUT_GATE)
+    if gate.dim() != 4 or tuple(gate.shape) != (1, T, H, HEAD_DIM):
+        raise dspark_error(
+            E_OUTPUT_GATE, "output_gate", expected=f"[1, {T}, {H}, 128] (one gate per output element)",
+            got=_shape(gate), fix="pass the gate projection of the same tokens as q, viewed as [1, T, H, 128]",
+        )
+    if gate.dtype not in ACTIVATION_DTYPES or gate.stride(3) != 1:
+        raise dspark_error(
+            E_OUTPUT_GATE, "output_gate", expected="bfloat16 or float32 with stride(-1) == 1", got=_desc(gate),
+            fix="pass the model's gate projection (bf16), a view whose last dim is contiguous",
+        )
+    check_tensor("output_norm_weight", weight, E_OUTPUT_GATE)
+    if tuple(weight.shape) != (HEAD_DIM,) or weight.dtype not in ACTIVATION_DTYPES or weight.stride(0) != 1:
+        raise dspark_error(
+            E_OUTPUT_GATE, "output_norm_weight", expected="a contiguous [128] float32 or bfloat16 tensor",
+            got=_desc(weight), fix="pass o_norm.weight (one weight per channel of a head), e.g. .float().contiguous()",
+        )
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise dspark_error(
+            E_OUTPUT_GATE, "output_norm_eps", expected="a positive Python float", got=repr(eps),
+            fix="pass float(o_norm.eps)",
+        )
+    if N is not None and workspace is not None:
+        check_tensor("output_gate_workspace", workspace, E_OUTPUT_GATE)
+        if workspace.dtype != INDEX_DTYPE or workspace.dim() != 1 or workspace.numel() < N * H:
+            raise dspark_error(
+                E_OUTPUT_GATE, "output_gate_workspace",
+                expected=f"a 1-D int32 tensor of at least N*H = {N * H} zeros", got=_desc(workspace),
+                fix="allocate torch.zeros(max_requests * H, dtype=torch.int32) once and pass it to every call "
+                    "(the kernel leaves it zero), or pass None",
+            )
+    return float(eps), workspace
