@@ -24,6 +24,13 @@ scheduler (docs/lazy-flush.md). The corrected deltas go to
 the pool's ``replayssm_d`` / ``replayssm_k``, which SGLang allocates and leaves unused under the
 speculative ring.
 
+Kimi-K3's output gate: a K3 KDA layer with 12 heads per rank offers its ``o_norm`` gate to the
+backend for decode and verify forwards (``layer._k3_onorm_gate``; ``o_norm``'s weight and eps in
+``layer._k3_fused_decode_args[5:7]``) and skips its own ``o_norm`` kernel when the backend marks it
+consumed (``layer._k3_onorm_consumed``; SGLang's ``kimi_k3.py``). The backend passes it to the
+kernels, which apply the gated RMSNorm in their epilogue, and marks it consumed; anything outside
+the kernels' contract, or ``SGLANG_DSPARK_OUTPUT_GATE=0``, leaves it to the model (logged once).
+
 Layers the fast path cannot take (head_dim != 128, unequal q/k/v head counts, conv width != 4,
 conv bias, non-fp32 recurrent state, fp16 activations, tree verify with topk > 1, FlashInfer
 fused-accept verify)
@@ -47,8 +54,8 @@ from .errors import dspark_error
 from .kernels import decode, mtp_verify
 from .layout import as_dense_beta, as_dense_heads, densify_verify_batch, split_mixed_qkv
 from .settings import (ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM, LAZY_RECORDS_ENV, LAZY_RECORDS_MAX_WINDOW,
-                       LAZY_RECORDS_TESTED_WINDOW, buffered_decode_impl, lazy_records_any_window,
-                       lazy_records_enabled, lazy_records_setting)
+                       LAZY_RECORDS_TESTED_WINDOW, OUTPUT_GATE_ENV, buffered_decode_impl, lazy_records_any_window,
+                       lazy_records_enabled, lazy_records_setting, output_gate_enabled)
 
 logger = logging.getLogger("sglang_dspark_plugin")
 
@@ -72,6 +79,15 @@ def _log_kernel_first_use(kernel: str) -> None:
         logger.info("dspark: KDA kernel in use: %s", kernel)
 
 
+_logged_once: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged_once:
+        _logged_once.add(message)
+        logger.info(message)
+
+
 def _as_int32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int32 else t.to(torch.int32)
 
@@ -87,6 +103,29 @@ def _layer_state_args(layer, cache) -> dict:
         ssm_state=cache.temporal,
         conv_state=cache.conv[0],
     )
+
+
+def output_gate_off_reason(layer, gate, num_tokens: int) -> Optional[str]:
+    """Why the output gate a Kimi-K3 layer offers (``gate``, its ``_k3_onorm_gate``) cannot go to
+    the kernels for a forward of ``num_tokens`` tokens, or None. The model then applies its own
+    ``o_norm``, as with SGLang's backend."""
+    if not output_gate_enabled():
+        return f"{OUTPUT_GATE_ENV}=0"
+    static = getattr(layer, "_k3_fused_decode_args", None)
+    if not isinstance(static, tuple) or len(static) != 7:
+        return "the layer published no o_norm weight and eps (_k3_fused_decode_args)"
+    weight, eps = static[5], static[6]
+    if (not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (HEAD_DIM,)
+            or weight.dtype not in ACTIVATION_DTYPES or weight.stride(0) != 1):
+        return f"o_norm weight {getattr(weight, 'shape', None)} / {getattr(weight, 'dtype', None)} (expected [128] fp32)"
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        return f"o_norm eps {eps!r}"
+    width = layer.num_v_heads * HEAD_DIM
+    if (not isinstance(gate, torch.Tensor) or gate.dim() != 2 or tuple(gate.shape) != (num_tokens, width)
+            or gate.stride(-1) != 1 or gate.dtype not in ACTIVATION_DTYPES):
+        return (f"gate {getattr(gate, 'shape', None)} / {getattr(gate, 'dtype', None)} "
+                f"(expected [{num_tokens}, {width}] bf16 with contiguous channels)")
+    return None
 
 
 def layer_fallback_reason(layer, cache) -> Optional[str]:
@@ -146,6 +185,11 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         # the server at start, not at its first decode ring step.
         self.buffered_decode_impl = buffered_decode_impl()
         lazy_records_enabled()  # likewise SGLANG_DSPARK_LAZY_RECORDS, read again where the ring is decided
+        output_gate_enabled()  # and SGLANG_DSPARK_OUTPUT_GATE
+        # The fused output gate's arrival counters ([requests * heads] int32 zeros, which the verify
+        # kernels leave zero): sized for the CUDA-graph batch in init_cuda_graph_state, grown here
+        # otherwise (outside a capture).
+        self.output_gate_counters: Optional[torch.Tensor] = None
         # Which verify implementation ran last: the commit must match it.
         self.last_verify_used_plugin = False
         # The lazy record ring's cursor (the pool's dspark_record_cursor), or None: fold every commit.
@@ -283,6 +327,43 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
                 "with the draft's block size in --speculative-dspark-block-size",
             )
 
+    # --- Kimi-K3 output gate --------------------------------------------------------------------
+
+    def _output_gate(self, layer, num_tokens: int):
+        """The gate the layer offers for this forward when the kernels can apply it (a
+        ``[num_tokens, H*128]`` tensor), else None: no offer (not a K3 layer with 12 heads per
+        rank), or a reason to leave it to the model (logged once)."""
+        gate = getattr(layer, "_k3_onorm_gate", None)
+        if gate is None:
+            return None
+        reason = output_gate_off_reason(layer, gate, num_tokens)
+        if reason is not None:
+            _log_once(f"dspark: Kimi-K3 output gate left to the model's o_norm: {reason}")
+            return None
+        return gate
+
+    @staticmethod
+    def _output_gate_kwargs(layer, gate: torch.Tensor) -> dict:
+        """The kernels' output gate arguments for a dense ``[1, T, H, 128]`` ``gate``."""
+        static = layer._k3_fused_decode_args
+        return dict(output_gate=gate, output_norm_weight=static[5], output_norm_eps=float(static[6]))
+
+    def _output_gate_workspace(self, num_requests: int, heads: int) -> Optional[torch.Tensor]:
+        counters = self.output_gate_counters
+        if counters is None or counters.numel() < num_requests * heads:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                return None  # no allocation of ours in a capture: the kernel allocates its own
+            device = self.req_to_token_pool.mamba_pool.mamba_cache.temporal.device
+            counters = torch.zeros(max(num_requests, 1) * heads, dtype=torch.int32, device=device)
+            self.output_gate_counters = counters
+        return counters
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        super().init_cuda_graph_state(max_bs, max_num_tokens)
+        mamba_pool = getattr(self.req_to_token_pool, "mamba_pool", None)
+        if mamba_pool is not None:
+            self._output_gate_workspace(max_bs, mamba_pool.mamba_cache.temporal.shape[-3])
+
     # --- DECODE (num_spec == 0) -----------------------------------------------------------------
 
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
@@ -320,6 +401,9 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
                 impl=self.buffered_decode_impl,
             )
         q, k, v = split_mixed_qkv(mixed_qkv, heads)
+        gate = self._output_gate(layer, num_tokens)
+        gate_kwargs = {} if gate is None else self._output_gate_kwargs(
+            layer, as_dense_heads(gate, "output gate", num_tokens, heads))
         out = decode(
             q, k, v,
             as_dense_heads(a, "a (gate input)", num_tokens, heads),
@@ -327,11 +411,15 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             slot_indices=_as_int32(slots[:num_tokens]),
             **_layer_state_args(layer, cache),
             **buffered,
+            **gate_kwargs,
         )
+        if gate is not None:
+            layer._k3_onorm_consumed = True
         self._track_mamba_state_decode(
             forward_batch, cache.conv[0], cache.temporal, slots, layer.layer_id
         )
-        _log_kernel_first_use(f"decode (buffered, {self.buffered_decode_impl})" if ring else "decode")
+        kernel = f"decode (buffered, {self.buffered_decode_impl})" if ring else "decode"
+        _log_kernel_first_use(kernel + (" + output gate" if gate is not None else ""))
         return out
 
     # --- TARGET_VERIFY ----------------------------------------------------------------------------
@@ -356,12 +444,14 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         spec_info = forward_batch.spec_info
         window = spec_info.draft_token_num
         self._check_window(window)
+        gate = self._output_gate(layer, mixed_qkv.shape[0])
         batch = densify_verify_batch(
             mixed_qkv, a, b,
             num_heads=layer.num_v_heads,
             window=window,
             query_start_loc=fm.query_start_loc,
             ragged=getattr(spec_info, "ragged_verify_layout", None) is not None,
+            output_gate=gate,
         )
         num_requests = batch.num_requests
         slots = _as_int32(fm.mamba_cache_indices[:num_requests])
@@ -382,6 +472,9 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
                 mode.update(record_cursor=self.record_cursor, ring_delta=delta_ring(cache))
         else:
             mode = dict(intermediate_ssm=cache.intermediate_ssm)
+        if gate is not None:
+            mode.update(self._output_gate_kwargs(layer, batch.output_gate),
+                        output_gate_workspace=self._output_gate_workspace(num_requests, layer.num_v_heads))
         out = mtp_verify(
             batch.q, batch.k, batch.v, batch.a, batch.b,
             slot_indices=slots,
@@ -393,10 +486,11 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             **mode,
         )
         self.last_verify_used_plugin = True
-        _log_kernel_first_use(
-            "mtp_verify (ring, lazy records)" if "record_cursor" in mode
-            else "mtp_verify (ring)" if "ring_rawv" in mode else "mtp_verify (snapshot)"
-        )
+        if gate is not None:
+            layer._k3_onorm_consumed = True
+        kernel = ("mtp_verify (ring, lazy records)" if "record_cursor" in mode
+                  else "mtp_verify (ring)" if "ring_rawv" in mode else "mtp_verify (snapshot)")
+        _log_kernel_first_use(kernel + (" + output gate" if gate is not None else ""))
         return batch.to_packed(out)
 
 

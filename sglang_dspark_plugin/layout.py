@@ -165,6 +165,7 @@ class DenseVerifyBatch:
     cu_seqlens: torch.Tensor  # [N+1] int32, arange(0, T+1, 1+num_spec)
     num_requests: int
     index: Optional[torch.Tensor]  # [T_phys] int64 dense position per packed token (compact)
+    output_gate: Optional[torch.Tensor] = None  # [1, T, H, 128] (Kimi-K3's o_norm gate), when given
 
     def to_packed(self, out_dense: torch.Tensor) -> torch.Tensor:
         """Dense kernel output ``[1, T, H, 128]`` -> SGLang's ``[1, T_phys, H, 128]``."""
@@ -182,11 +183,13 @@ def densify_verify_batch(
     window: int,
     query_start_loc: torch.Tensor,
     ragged: bool,
+    output_gate: Optional[torch.Tensor] = None,
 ) -> DenseVerifyBatch:
     """Build the dense ``[1, T, H, 128]`` verify batch from SGLang's verify tensors.
 
     ``window`` = 1+num_spec; ``query_start_loc [N+1]`` are SGLang's per-request token offsets;
     ``ragged`` is True when SGLang packed the requests (``spec_info.ragged_verify_layout``).
+    ``output_gate`` (Kimi-K3's ``o_norm`` gate, ``[T_phys, H·128]``): laid out like the outputs.
     """
     num_requests = query_start_loc.shape[0] - 1
     num_tokens = mixed_qkv.shape[0]
@@ -199,6 +202,9 @@ def densify_verify_batch(
         mixed_qkv = scatter_rows(mixed_qkv, index, num_dense)
         a = scatter_rows(a2, index, num_dense)
         b = scatter_rows(b2, index, num_dense)
+        if output_gate is not None:
+            gate2 = as_dense_heads(output_gate, "output_gate", num_tokens, num_heads)[0].flatten(1)
+            output_gate = scatter_rows(gate2, index, num_dense)
         num_tokens = num_dense
     else:
         check_dense_token_count(num_tokens, num_requests, window)
@@ -215,4 +221,5 @@ def densify_verify_batch(
         cu_seqlens=cu_seqlens,
         num_requests=num_requests,
         index=index,
+        output_gate=None if output_gate is None else as_dense_heads(output_gate, "output_gate", num_tokens, num_heads),
     )

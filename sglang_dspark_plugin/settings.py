@@ -36,6 +36,7 @@ TINY_DIR_ENV = "SGLANG_DSPARK_TINY_DIR"
 LAZY_RECORDS_ENV = "SGLANG_DSPARK_LAZY_RECORDS"
 BUFFERED_DECODE_ENV = "SGLANG_DSPARK_BUFFERED_DECODE"
 BUFFERED_DECODE_IMPLS = ("factored", "rows")
+OUTPUT_GATE_ENV = "SGLANG_DSPARK_OUTPUT_GATE"
 
 ENV_VARS = {
     FULL_ATTN_BACKEND_ENV: "stock SGLang backend for the MLA / full-attention layers (default: fa3 on "
@@ -53,6 +54,8 @@ ENV_VARS = {
     BUFFERED_DECODE_ENV: "the buffered decode kernel under --enable-linear-replayssm: factored (default) = only "
     "the step's two state products between flushes, the state formed at flushes; rows = form the state every "
     "step (kernels/decode.py)",
+    OUTPUT_GATE_ENV: "unset or 1 = apply Kimi-K3's output gate (o_norm, gated RMSNorm) inside the verify and "
+    "decode kernels where the model offers it; 0 = leave it to the model's own o_norm kernel",
 }
 
 
@@ -98,6 +101,13 @@ def buffered_decode_impl() -> str:
     return _choice(BUFFERED_DECODE_ENV, "factored", BUFFERED_DECODE_IMPLS,
                    f"a buffered decode kernel: use one of {', '.join(BUFFERED_DECODE_IMPLS)} "
                    "(or leave it unset for factored)")
+
+
+def output_gate_enabled() -> bool:
+    """``SGLANG_DSPARK_OUTPUT_GATE``: fuse Kimi-K3's output gate into the kernels where the model
+    offers it (the default: unset, empty or ``1``); ``0`` leaves it to the model. Any other value
+    is refused with one clear error."""
+    return _choice(OUTPUT_GATE_ENV, "1", ("0", "1"), "an output gate setting: use 1 (the default) or 0") == "1"
 
 
 def _choice(env: str, default: str, choices, refusal: str) -> str:

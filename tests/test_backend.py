@@ -831,3 +831,72 @@ def test_speculative_step_makes_no_host_sync(ring):
             assert syncs.count == syncs.scalar_assigns == 0, (ring, track)
     finally:
         setup.close()
+
+
+def _offer_output_gate(layer, num_tokens, seed, weight=None, eps=1e-5):
+    """What SGLang's Kimi-K3 layer does before its attention call (``kimi_k3.py``): offer the gate
+    (a view of its fused [q|k|v|g] projection) and publish o_norm's weight and eps."""
+    gen = torch.Generator().manual_seed(seed)
+    fused = torch.randn(num_tokens, 4 * H * 128, generator=gen).to(DTYPE)
+    if weight is None:
+        weight = (1 + 0.2 * torch.randn(128, generator=gen)).to(torch.bfloat16).float()
+    layer._k3_fused_decode_args = (None, None, None, None, None, weight, eps)
+    layer._k3_onorm_gate = fused[:, 3 * H * 128:]
+    layer._k3_onorm_consumed = False
+    return layer._k3_onorm_gate, weight
+
+
+@pytest.mark.parametrize("mode", ["compact"])  # (static verify: a view of the gate; the K3 e2e serves it)
+def test_kimi_k3_output_gate_is_applied_and_consumed(mode, monkeypatch, caplog):
+    """A Kimi-K3 layer's offered output gate goes into the verify and decode kernels, which then
+    return the model's o_norm of what they return without it (float64 ``gated_rms_norm`` of the
+    ungated output), in SGLang's token order (compact: packed), and the layer is told the gate was
+    consumed. With SGLANG_DSPARK_OUTPUT_GATE=0, or an o_norm weight outside the contract, the gate
+    is left to the model, untouched, with the reason logged."""
+    import logging
+
+    from sglang_dspark_plugin import backend as backend_module
+    from sglang_dspark_plugin.kernels.reference import gated_rms_norm
+
+    caplog.set_level(logging.INFO, logger="sglang_dspark_plugin")
+    backend_module._logged_once.clear()
+    monkeypatch.setenv("SGLANG_RAGGED_VERIFY_MODE", mode)
+    monkeypatch.setenv("SGLANG_DSPARK_LAZY_RECORDS", "0")  # the verify leaves the pool state alone
+    window = 4
+    ragged = mode == "compact"
+    lens = [4, 2, 3] if ragged else [window] * NUM_REQ
+    total = sum(lens)
+    setup = Setup(window=window, replayssm=True, lower_bound=-5.0, seed=11)
+    try:
+        mixed_qkv, a, b = setup.tokens(total)
+        s0, c0 = setup.state()
+
+        def run(phase, gate_on, weight=None):
+            """(output, consumed, gate, weight) of a verify or a decode step from the same start."""
+            monkeypatch.setenv("SGLANG_DSPARK_OUTPUT_GATE", "1" if gate_on else "0")
+            setup.cache.temporal[0].copy_(s0)
+            setup.cache.conv[0][0].copy_(c0)
+            if phase == "verify":
+                gate, w = _offer_output_gate(setup.layer, total, seed=3, weight=weight)
+                out = setup.verify(mixed_qkv, a, b, verify_lens=lens if ragged else None,
+                                   graph_num_tokens=total if ragged else None)
+            else:
+                gate, w = _offer_output_gate(setup.layer, NUM_REQ, seed=4, weight=weight)
+                out = setup.run(ForwardMode.DECODE, [1] * NUM_REQ, mixed_qkv[:NUM_REQ], a[:NUM_REQ],
+                                b[:, :NUM_REQ])
+            return out, setup.layer._k3_onorm_consumed, gate, w
+
+        for phase in ("verify", "decode"):
+            plain, consumed_off, gate, w = run(phase, False)
+            assert consumed_off is False
+            gated, consumed, _, _ = run(phase, True)
+            assert consumed is True
+            want = gated_rms_norm(plain.double(), gate.double().view(plain.shape), w.double(), 1e-5).to(DTYPE)
+            assert rel_err(gated, want) <= 1e-6, (phase, rel_err(gated, want))
+            # an o_norm weight the kernels cannot take: the model normalises, nothing is consumed
+            kept, consumed_bad, _, _ = run(phase, True, weight=torch.ones(64))
+            assert consumed_bad is False and torch.equal(kept, plain)
+    finally:
+        setup.close()
+    assert "output gate left to the model's o_norm: SGLANG_DSPARK_OUTPUT_GATE=0" in caplog.text
+    assert "o_norm weight [64]" in caplog.text.replace("torch.Size(", "").replace(")", "")

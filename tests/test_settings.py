@@ -89,3 +89,15 @@ def test_buffered_decode_impl_reads_the_variable_and_refuses_unknown_values(monk
     with pytest.raises(ValueError) as err:
         settings.buffered_decode_impl()
     assert "SGLANG_DSPARK_BUFFERED_DECODE='fast'" in str(err.value) and "factored, rows" in str(err.value)
+
+
+def test_output_gate_on_by_default_off_with_0_and_refuses_unknown_values(monkeypatch):
+    monkeypatch.delenv(settings.OUTPUT_GATE_ENV, raising=False)
+    assert settings.output_gate_enabled()
+    for value, on in (("", True), ("1", True), ("0", False)):
+        monkeypatch.setenv(settings.OUTPUT_GATE_ENV, value)
+        assert settings.output_gate_enabled() is on, value
+    monkeypatch.setenv(settings.OUTPUT_GATE_ENV, "yes")
+    with pytest.raises(ValueError) as err:
+        settings.output_gate_enabled()
+    assert "SGLANG_DSPARK_OUTPUT_GATE='yes'" in str(err.value) and "use 1 (the default) or 0" in str(err.value)
