@@ -59,7 +59,8 @@ def test_no_machine_specific_paths():
 
 def test_pages_stay_short():
     """No page over 600 lines and all docs together (the error catalogue aside) at most 3000."""
-    sizes = {path.relative_to(ROOT): len(path.read_text().splitlines()) for path in DOCS if path != ERROR_CATALOGUE}
+    sizes = {path.relative_to(ROOT): len(path.read_text().splitlines())
+             for path in DOCS if path != ERROR_CATALOGUE}
     long_pages = {str(p): n for p, n in sizes.items() if n > MAX_PAGE_LINES}
     assert not long_pages, f"pages over {MAX_PAGE_LINES} lines: {long_pages}"
     assert sum(sizes.values()) <= MAX_TOTAL_LINES, f"{sum(sizes.values())} lines of docs: {sizes}"

@@ -371,8 +371,8 @@ def test_unknown_delegate_leaves_nothing_half_registered():
     ],
 )
 def test_ragged_verify_on_triton_mla_is_refused_with_e004(monkeypatch, mode, table, delegate, refused):
-    """SGLang's triton MLA backend segfaults on verify windows shorter than 1+gamma (docs/guide/cpu-testing.md,
-    "Not covered on CPU"); the dspark factory refuses that configuration at startup with DSPARK-E004."""
+    """SGLang's triton MLA backend segfaults on verify windows shorter than 1+gamma
+    (docs/guide/cpu-testing.md, "Not covered on CPU"); the dspark factory refuses that configuration at startup with DSPARK-E004."""
     from types import SimpleNamespace
 
     from sglang_dspark_plugin.errors import DSparkError

@@ -31,8 +31,8 @@ configuration's kernels ran and nothing fell back. Needs device gates 7 and 8 on
 
 What it catches is the wiring: the plugin's commit writes the track slot that SGLang caches and
 copies (a zeroed track state fails it). Small errors in the state's values flip no token of the
-tiny model (the mutations run against it: docs/guide/cpu-testing.md, "The e2e tests"); those values are checked
-against a float64 run in ``tests/test_backend.py::test_lazy_record_ring_through_sglang`` and
+tiny model (the mutations run against it: docs/guide/cpu-testing.md, "The e2e tests"); those
+values are checked against a float64 run in ``tests/test_backend.py::test_lazy_record_ring_through_sglang`` and
 the kernel tests.
 """
 
