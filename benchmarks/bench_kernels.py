@@ -1,6 +1,6 @@
 """KDA kernel benchmark on one GPU: check, measure bandwidth, time ours and upstream, print a table.
 
-One command (see docs/benchmarks.md)::
+One command (method and current numbers: docs/benchmarks.md)::
 
     python3 benchmarks/bench_kernels.py [--quick] [--out DIR]
 
@@ -720,7 +720,7 @@ def io_bytes(kind, N, H, T):
 def floor_bytes(kind, N, H, T):
     S = N * H * 65536
     # S for the bookkeeping rows ("budget", "pool") that record a point that was not timed
-    # buffered decode: the read-only floor S/B of issue 15's target
+    # buffered decode: the read-only floor S/B
     return {"verify_ring": S, "verify_snapshot": (1 + T) * S, "fold": 2 * S, "decode": 2 * S,
             "decode_buffered": S}.get(kind, S)
 
@@ -795,7 +795,7 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
                     None if ver_ok else "check failed"))
     if up.has("fold") and up.has("conv", "recurrent"):
         # SGLang's default verify on the H200 (the fused Triton verify is opt-in, and 6x slower there:
-        # 768 against 130 us at H=32, N=64, T=4, docs/lazy-flush.md)
+        # 768 against 130 us at H=32, N=64, T=4, docs/design/lazy-record-ring.md)
         upv, name = up.verify_unfused, "up_verify_unfused_ring"
 
         def up_step(i, a_):
@@ -1226,7 +1226,7 @@ def sweep_summary(rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="N in {8,64,256}, H=32, T in {1,4,8}: one short device call")
+    ap.add_argument("--quick", action="store_true", help="N in {8,64,256}, H=32, T in {1,4,8}: one short run")
     ap.add_argument("--out", default=None, help="output folder (default $OUT, else ./out)")
     ap.add_argument("--N", default=None, help="comma list of batch sizes")
     ap.add_argument("--H", default=None, help="comma list of head counts")

@@ -90,7 +90,7 @@ def decode_intervals(log_text: str, running: int) -> List[float]:
     Such an interval held no prefill, so no request joined (a join is a prefill) and none left (the
     count would have dropped): every step in it ran the full batch. Unlike the client's tokens/s it
     leaves out the prefill and admission between the workload's waves, so it measures the served
-    step itself (docs/gpu-serving.md, twenty-fifth session)."""
+    step itself (docs/guide/gpu-serving.md)."""
     found: List[float] = []
     previous_full = False  # the previous decode/prefill line was a decode line at `running`
     for line in log_text.splitlines():
@@ -161,7 +161,7 @@ CONFIGS = [
     # SGLang's breakable prefill CUDA graph, which it leaves off for KDA models unless asked for:
     # eager prefill forwards left about half of the served step's GPU idle at c=64. Timings only:
     # on SGLang 0.5.23 the graph gives wrong greedy tokens on KDA models, stock included
-    # (docs/gpu-serving.md, twenty-second session)
+    # (docs/guide/gpu-serving.md)
     Config("stock-dspark-replayssm-prefill-graph", "stock", True, True, default=False,
            server_args=PREFILL_GRAPH_ARGS),
     Config("dspark-dspark-replayssm-eager-prefill-graph", "dspark", True, True, default=False,
@@ -273,10 +273,10 @@ def measure_level(base_url: str, prompts: List[List[int]], concurrency: int, out
 
 
 def machine() -> dict:
-    """Which machine served: CPU model, logical CPUs and the kernel's boot id (two device calls on
-    one warm machine share it; a fresh machine has another). Host-bound servers run at the host's
+    """Which machine served: CPU model, logical CPUs and the kernel's boot id (two runs on one
+    machine share it; another machine has another). Host-bound servers run at the host's
     speed, so runs from different machines differ by more than the code under test
-    (docs/lazy-flush.md, nineteenth session)."""
+    (docs/benchmarks.md, "Method")."""
 
     def read(path: str) -> str:
         try:
@@ -628,7 +628,7 @@ def measure_all(runs: Dict[str, dict], args, save) -> None:
     for run in live.values():  # warm every batch size once
         measure_level(run["server"].base_url, _prompts(top, args.prompt_len, seed=7), top, 8)
     # full-length rounds that are not recorded: in one of two kimi48 runs (H200, 2026-12-03,
-    # docs/gpu-serving.md) a fresh server's first rounds ran 6-15 % below its later ones
+    # docs/guide/gpu-serving.md) a fresh server's first rounds ran 6-15 % below its later ones
     for rep in range(args.warmup_rounds):
         for c in args.concurrency:
             prompts = _level_prompts(c, args, seed=WARMUP_SEED + 1000 * rep + c)

@@ -342,7 +342,7 @@ def big_offsets(quick: bool):
 
 
 def timing(quick: bool):
-    """Rough CUDA-event timings (median of 20 after warm-up) for the later tuning issue."""
+    """Rough CUDA-event timings (median of 20 after warm-up); bench_kernels.py does the real timing."""
     if quick or not torch.cuda.is_available():
         return
     print("\n== timing (not tuned; BV=32, 4 warps) ==", flush=True)

@@ -5,7 +5,7 @@
 Each argument is a ``bench_serving.py`` result (``serving.json``) and, where it holds more than one
 configuration, the one to read. Round ``r`` at concurrency ``c`` serves the same prompts in every
 run (seeded ``1000 r + c``), so round ``r`` of BASE and of NEW pair up even when the two servers ran
-in different device calls (one kimi48 server fits on an H200 at a time). Printed: both series, the
+in different calls (one kimi48 server fits on an H200 at a time). Printed: both series, the
 per-round ratios NEW / BASE, their mean with its standard error, the ratio of the medians, and a
 verdict: ``faster`` where the mean ratio minus two standard errors is above 1, ``slower`` where the
 mean plus two standard errors is below 1, else ``not resolved``. ``--skip K`` leaves out the first K
@@ -24,7 +24,7 @@ Prefills that fell in a window count in its totals, so compare windows of many s
 
 Runs from two machines (``machine`` in each result: a different boot id) get a warning line: a
 partly host-bound server runs at its host's speed, and the served difference between two machines
-can exceed the one under test (docs/lazy-flush.md, nineteenth session).
+can exceed the one under test (docs/benchmarks.md, "Method").
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def rounds_of(loaded: dict, concurrency: int) -> List[float]:
 def decode_rounds_of(loaded: dict, concurrency: int) -> Optional[List[float]]:
     """Per round at ``concurrency``, the median of the server's pure decode intervals
     (``bench_serving.decode_intervals``: full-batch log intervals without a prefill), or None
-    where a round recorded none (results from before 2026-12-04's twenty-seventh session, or
+    where a round recorded none (results from before 2026-12-04, or
     rounds too short for two log lines at the full batch)."""
     samples = loaded["run"].get("samples", {}).get(str(concurrency)) or []
     found = [s.get("decode_intervals_tok_s") for s in samples]

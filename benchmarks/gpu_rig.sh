@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU serving rig, run on the device machine from the checkout root (docs/gpu-serving.md).
+# The GPU serving rig, run on a GPU machine from the checkout root (docs/guide/gpu-serving.md).
 #
 #   bash benchmarks/gpu_rig.sh stage N [--last]    copy staged SGLang part N (carried .stage/pN) to /tmp/stage
 #   bash benchmarks/gpu_rig.sh e2e [pytest args]   GPU end-to-end tests (tests/gpu, kimi32 unless
@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_rig.sh bench [args]        benchmarks/bench_serving.py; results -> $OUT
 #
 # e2e/bench need every part staged on this (still warm) machine and .rig/sglang-gpu-env.sh
-# (a copy of ../shared/device/sglang-gpu-env.sh in the ignored, carried folder .rig). The Triton
+# (the staging environment script, in the ignored folder .rig). The Triton
 # cache lives in /tmp/triton-cache for the machine's life; with .rig/triton-cache.tgz (brought back
 # by an earlier call) a fresh machine skips most of the Triton JIT.
 set -uo pipefail
@@ -43,7 +43,7 @@ export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=${SGLANG_UNIFIED_RADIX_TREE_CORE_B
 # the allocator hands to later-captured buckets (sgl-project/sglang#37606). RIG_BCG_STRONG_REFS=1
 # applies the fix of sgl-project/sglang#37448 (strong references) to this machine's copy of SGLang:
 # a test rig change, never the product's. On KDA models the graph still gave wrong greedy tokens
-# with it, stock SGLang included (docs/gpu-serving.md, twenty-second session).
+# with it, stock SGLang included (docs/guide/gpu-serving.md).
 if [ "${RIG_BCG_STRONG_REFS:-0}" = 1 ]; then
   bcg=$(python3 -c "import sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.breakable_cuda_graph as m; print(m.__file__)") || exit 1
   sed -i -e 's/captured_args = tuple(_weak_ref_if_tensor(a) for a in args)/captured_args = tuple(args)/' \
@@ -52,7 +52,7 @@ if [ "${RIG_BCG_STRONG_REFS:-0}" = 1 ]; then
     || { echo "RIG_BCG_STRONG_REFS: the patch did not apply to $bcg" >&2; exit 1; }
   echo "rig: SGLang's breakable graph holds strong references to its break inputs (sglang#37448)"
 fi
-# Multi-GPU machines: NVLink multicast stays off (the device tool's README).
+# Multi-GPU machines: NVLink multicast stays off.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 stop_leftovers() {  # servers run in their own sessions: never leave one holding the GPU
@@ -67,13 +67,13 @@ save_cache() {  # the Triton cache, if it fits what a call may bring back
   [ "$(stat -c %s /tmp/triton-cache.tgz)" -lt 16000000 ] && cp /tmp/triton-cache.tgz "$OUT/"
 }
 
-# a call cut short by the device's limit leaves its server holding the GPU for the next call
+# a run cut short by a time limit leaves its server holding the GPU for the next run
 stop_leftovers
 
 case "$cmd" in
   e2e)
     export DSPARK_GPU_E2E_LOG_DIR=/tmp/gpu-e2e
-    # one model per call: both together overrun a call's 10 minutes (docs/gpu-serving.md);
+    # one model per call: both together overrun a call's 10 minutes (docs/guide/gpu-serving.md);
     # DSPARK_GPU_E2E_MODELS=tiny in a second call
     export DSPARK_GPU_E2E_MODELS=${DSPARK_GPU_E2E_MODELS:-kimi32}
     mkdir -p "$DSPARK_GPU_E2E_LOG_DIR"

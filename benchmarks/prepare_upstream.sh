@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stage sglang 0.5.23's Triton KDA kernels (and fla-core 0.6.0) for bench_kernels.py on a GPU machine
 # that has neither package nor a package index. Run from the repository root; everything lands in
-# .whl/ (git-ignored), which the device call names in `carry`:
+# .whl/ (git-ignored), which is copied to the GPU machine with the checkout:
 #   .whl/upstream/sglang/...   the handful of kernel files bench_kernels.py loads (empty package inits;
 #                              the runtime helpers they import are stubbed by the harness)
 #   .whl/fla_core-*.whl        optional, fla's fused_recurrent_kda decode baseline

@@ -1,31 +1,21 @@
-"""Probe: where the factored buffered decode's time goes on the GPU (issue 15, decode target).
+"""Probe: where the factored buffered decode's time goes on the GPU.
 
 Times, on bench_kernels' tensors (H=32, CUDA graphs, two ring lengths of steps so flushes are
 paid, R slot sets so the state does not sit in L2):
 
 1. the rows step, the factored step at its launch-table tiles (also with every step at write
    position 0: no ring row read, no flush, to isolate what the ring terms cost), and the
-   factored step at three tiles, each over a ring (flushes paid), over the non-flushing steps only and over the flushing
-   step only; with ``benchmarks/next/decode-flush-dot.patch`` applied also its flush pass as one
-   ``tl.dot`` per tile (three precisions / tile heights); with
-   ``benchmarks/next/decode-split-v.patch`` the grid split over V-tiles at five tiles (both
-   patches apply to 01b89db, before the flush moved into the step's pass); with
-   ``benchmarks/next/decode-two-launch.patch`` the step in two launches (a per-head kernel and a
-   state-tile kernel) at seven tiles / PDL settings; with
-   ``benchmarks/next/decode-prefetch-regcap.patch`` register caps and a prefetch of the next
-   state tile; ``benchmarks/next/decode-early-stores.patch`` (applies to main of 2026-12-05) changes
-   no option: run the probe before and after applying it (``--tag``) to time the step with its conv
-   shift and ring row stores ahead of the V loop (237 -> 214 registers at 32 x 1, 227 -> 167 at
-   32 x 2: ``benchmarks/sass_report.py decode --buffered --factored``);
+   factored step at five tiles, each over a ring (flushes paid), over the non-flushing steps only
+   and over the flushing step only;
 2. with ``--stream``, minimal kernels with the factored step's state access and nothing else
    (two row sums of the checkpoint tile per V-tile, one ``[V]`` store): the ceiling of that
    structure, per layout and grid (the same grid, a grid split over V-tiles, K split into chunks
    outside the rows), to tell the step's own overheads (conv, gate, ring terms, flush) from the
    stream's.
 
-    python3 benchmarks/probe_decode_factored.py [--N 8,32,64,256] [--rep 30] [--stream]
+    python3 benchmarks/probe_decode_factored.py [--N 8,32,64,256] [--rep 30] [--stream] [--tag TAG]
 
-Runs: docs/lazy-flush.md, twenty-fourth and twenty-fifth sessions.
+What earlier runs of it found (and which alternatives lost): docs/design/alternatives-measured.md.
 
 Prints one line per timing and writes ``probe_decode_factored[_TAG].json`` to ``$OUT`` (or ./out).
 """
@@ -33,7 +23,6 @@ Prints one line per timing and writes ``probe_decode_factored[_TAG].json`` to ``
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import sys
@@ -90,67 +79,16 @@ def _stream_two_products_kchunks(ssm_ptr, slot_ptr, x_ptr, y_ptr, out_ptr, s_slo
         tl.store(out_ptr + (n * H + h) * 128 + offs_v, o)
 
 
-# (block_v, num_warps, flush_dot, flush_block_v): the flush pass as rank-1 terms ("", the kernel's) or,
-# with ``git apply benchmarks/next/decode-flush-dot.patch``, one tl.dot per tile of flush_block_v rows
-_FLUSH_DOT = "flush_dot" in inspect.signature(BK.decode).parameters
-FLUSH_VARIANTS = [(bv, w, fd, bvf) for bv, w in ((32, 1), (128, 4), (64, 2), (32, 2), (16, 1))
-                  for fd, bvf in (("", 32), ("ieee", 16), ("ieee", 32), ("tf32x3", 16)) if fd == "" or _FLUSH_DOT]
-
-# (block_v, num_warps, max_registers, prefetch): the factored step's tiles with a cap on registers
-# (ptxas .maxnreg: fewer registers, more programs per SM, maybe spills) and with the next state
-# tile loaded while this one is computed (the first during the prologue), where decode() takes them
-_KNOBS = {"max_registers", "prefetch"} <= set(inspect.signature(BK.decode).parameters)
-KNOB_VARIANTS = ([(bv, w, None, True) for bv, w in ((32, 1), (16, 1), (32, 2), (64, 4), (64, 2))]
-                 + [(16, 1, 192, True), (32, 2, 192, True)]) if _KNOBS else []
+# (block_v, num_warps) of the factored step timed besides the launch table's choice
+TILES = [(32, 1), (128, 4), (64, 2), (32, 2), (16, 1)]
 
 
-def knob_cfg(v):
-    return dict(impl="factored", block_v=v[0], num_warps=v[1], max_registers=v[2], prefetch=v[3])
+def tile_cfg(v):
+    return dict(impl="factored", block_v=v[0], num_warps=v[1])
 
 
-def knob_name(v):
-    return f"factored_{v[0]}x{v[1]}_regs{v[2] or 'auto'}" + ("_prefetch" if v[3] else "")
-
-
-# (block_v, num_warps) of the grid split over V-tiles, with ``git apply
-# benchmarks/next/decode-split-v.patch`` (decode(..., split_v=True): one program per (request,
-# head, V-tile), the q/k conv roll by the last program of a head to arrive)
-_SPLIT_V = "split_v" in inspect.signature(BK.decode).parameters
-SPLIT_VARIANTS = [(32, 1), (16, 1), (32, 2), (64, 2), (128, 4)] if _SPLIT_V else []
-
-
-# (block_v, num_warps, head_num_warps, pdl) of the two-launch factored step (impl="split",
-# kernels/decode_factored.py): the tile kernel's tile and warps, the head kernel's warps, and
-# whether programmatic dependent launch lets the tile kernel's loads overlap the head kernel
-TWO_LAUNCH = ([(32, 1, 2, True), (16, 1, 2, True), (32, 2, 2, True), (16, 1, 4, True), (64, 4, 4, True),
-               (32, 1, 2, False), (16, 1, 2, False)] if "head_num_warps" in inspect.signature(BK.decode).parameters
-              else [])
-
-
-def two_launch_cfg(v):
-    return dict(impl="split", block_v=v[0], num_warps=v[1], head_num_warps=v[2])
-
-
-def two_launch_name(v):
-    return f"two_launch_{v[0]}x{v[1]}_head{v[2]}" + ("" if v[3] else "_no_pdl")
-
-
-def split_cfg(v):
-    return dict(impl="factored", block_v=v[0], num_warps=v[1], split_v=True)
-
-
-def split_name(v):
-    return f"factored_split_{v[0]}x{v[1]}"
-
-
-def variant_cfg(v):
-    bv, w, fd, bvf = v
-    cfg = dict(impl="factored", block_v=bv, num_warps=w)
-    return dict(cfg, flush_dot=fd, flush_block_v=bvf) if _FLUSH_DOT else cfg
-
-
-def variant_name(v):
-    return f"factored_{v[0]}x{v[1]}_flush_{v[2] or 'rank1'}_{v[3]}"
+def tile_name(v):
+    return f"factored_{v[0]}x{v[1]}"
 
 
 def stream_only(N, H, pool, insts, timed):
@@ -178,7 +116,7 @@ def main():
     ap.add_argument("--rep", type=int, default=30)
     ap.add_argument("--stream", action="store_true", help="also time the minimal streaming kernels")
     ap.add_argument("--tag", default="", help="suffix of the output file (probe_decode_factored_TAG.json), to "
-                    "keep the runs of one call apart (before / after a patch)")
+                    "keep two runs apart (before / after a change)")
     args = ap.parse_args()
     out_dir = os.environ.get("OUT") or os.path.join(BK.ROOT, "out")
     os.makedirs(out_dir, exist_ok=True)
@@ -187,10 +125,7 @@ def main():
     print(f"copy bandwidth {bw:.3f} TB/s", flush=True)
     rows = []
     # every variant against float64 decode over a flush (bench_kernels' buffered check)
-    extra = [(variant_name(v), variant_cfg(v)) for v in FLUSH_VARIANTS]
-    extra += [(split_name(v), split_cfg(v)) for v in SPLIT_VARIANTS]
-    extra += [(two_launch_name(v), two_launch_cfg(v)) for v in TWO_LAUNCH if v[3]]
-    extra += [(knob_name(v), knob_cfg(v)) for v in KNOB_VARIANTS if v[2] is None]
+    extra = [(tile_name(v), tile_cfg(v)) for v in TILES]
     BK.check_buffered_decode(None, H, extra=extra)
     for (name, _), v in sorted(BK.CHECKS.items()):
         print(f"check {name}: {'ok' if v['ok'] else 'FAIL'} {v}", flush=True)
@@ -230,17 +165,8 @@ def main():
             timed_steps(name + "_no_flush_steps", cfg, range(last))
             timed_steps(name + "_flush_step", cfg, [last])
 
-        # (the flush variants' three tiles without the flush-dot patch are the knob variants' too)
-        for v in FLUSH_VARIANTS if _FLUSH_DOT or not KNOB_VARIANTS else []:
-            timed_ring(variant_name(v), variant_cfg(v))
-        for v in SPLIT_VARIANTS:
-            timed_ring(split_name(v), split_cfg(v))
-        for v in KNOB_VARIANTS:
-            timed_ring(knob_name(v), knob_cfg(v))
-        for v in TWO_LAUNCH:
-            os.environ["SGLANG_DSPARK_PDL"] = "1" if v[3] else "0"
-            timed_ring(two_launch_name(v), two_launch_cfg(v))
-            os.environ.pop("SGLANG_DSPARK_PDL")
+        for v in TILES:
+            timed_ring(tile_name(v), tile_cfg(v))
         if args.stream:
             stream_only(N, H, pool, insts, timed)
         del pool, insts

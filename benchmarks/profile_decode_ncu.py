@@ -1,6 +1,6 @@
-"""Nsight Compute profile of single decode steps on bench_kernels' tensors (issue 15, decode target).
+"""Nsight Compute profile of single decode steps on bench_kernels' tensors.
 
-Run under ``ncu`` (the H200 machine has it); only the launches between the profiler start and
+Run under ``ncu``; only the launches between the profiler start and
 stop below are profiled, after every kernel has compiled::
 
     ncu --profile-from-start off --set full -o $OUT/decode python3 benchmarks/profile_decode_ncu.py --N 64
@@ -8,8 +8,8 @@ stop below are profiled, after every kernel has compiled::
 
 Profiled, in order (one launch each, H=32, the served ring of 16 rows): the factored buffered
 step at write position 7 (no flush) and 15 (the flush), the rows step at 7, plain decode, and the
-probe's bare stream of the factored step's state reads (same grid, 32 x 1). Runs:
-docs/lazy-flush.md, twenty-fifth session.
+probe's bare stream of the factored step's state reads (same grid, 32 x 1). What the profiles
+showed: docs/benchmarks.md ("Targets and where they stand").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Render docs/benchmarks.md's tables from a bench_kernels.py JSON (no GPU needed).
+"""Render a kernel table from a bench_kernels.py JSON (no GPU needed).
 
-    python3 benchmarks/render_results.py benchmarks/results/h200_2026-11-30_s5_final.json \
-        --previous benchmarks/results/h200_2026-11-30_s4_final.json
+    python3 benchmarks/render_results.py benchmarks/results/h200_2026-11-30_kernels.json \
+        [--previous <an earlier run of the same grid>.json]
 
 "ours" is the wrappers' default configuration of the run (the launch table of that day:
 sglang_dspark_plugin/kernels/launch_config.py); "up" is upstream's best H200 path on the same

@@ -3,7 +3,7 @@
 Triton lowers the kernel to a cubin with the ``ptxas`` it ships; ``cuobjdump`` / ``nvdisasm``
 (also shipped with Triton) give its registers, stack (spills) and SASS. Registers decide the
 occupancy and spills the local-memory traffic, so most tile and code-shape questions can be
-answered here before spending device time (docs/benchmarks.md, fourth session)::
+answered here before spending GPU time::
 
     python3 benchmarks/sass_report.py verify-prep --T 16 --block-k 32 --warps 1
     python3 benchmarks/sass_report.py verify-stream --T 8 --finish --block-v 64 --warps 2 --lines 15
@@ -104,7 +104,7 @@ def loads_after_first_store(order: str) -> int:
     ``order`` is the report's sequence of global loads (L), stores (S) and branches (|). A store
     waits for the load its value comes from, and the compiler may not move a load above a store
     that could alias it, so each such load is one more serial memory round trip per program
-    (the fold's conv roll had eight of them; docs/benchmarks.md, sixth session)."""
+    (the fold's conv roll had eight of them before its loads moved first)."""
     first = order.find("S")
     if first < 0:
         return 0

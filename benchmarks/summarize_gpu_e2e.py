@@ -8,7 +8,7 @@ the float64 reference (the prompts' ``reference`` continuation), and the radix-c
 (turn-1 and branch sequences equal to stock's, branches served from the cache); a
 tensor-parallel call also counts each configuration's sequences equal to stock at TP=1::
 
-    python3 benchmarks/summarize_gpu_e2e.py /tmp/s22/e2e/gpu-e2e --command "..." --pytest "..."
+    python3 benchmarks/summarize_gpu_e2e.py /tmp/rig/e2e/gpu-e2e --command "..." --pytest "..."
 
 The counts are recomputed from the served tokens, so the summary does not depend on how the
 tests judged them.
@@ -109,7 +109,7 @@ def summarize(log_dir: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("log_dir", type=Path, help="the unpacked gpu-e2e folder (fleet.json, prompts-*.json)")
-    ap.add_argument("--command", default="", help="the device command, recorded with the summary")
+    ap.add_argument("--command", default="", help="the e2e command, recorded with the summary")
     ap.add_argument("--pytest", default="", help="pytest's summary line, recorded with the summary")
     a = ap.parse_args()
     print(json.dumps({"command": a.command, "pytest": a.pytest, "models": summarize(a.log_dir)}, indent=1))

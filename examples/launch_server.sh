@@ -6,7 +6,8 @@
 #   GAMMA=1 PORT=30001 examples/launch_server.sh --enable-linear-replayssm-spec --linear-replayssm-cache-len 4
 #
 # Without a GPU it runs on CPU under the Triton interpreter and adds the flags a CPU-only run
-# needs (printed by sglang_dspark_plugin.harness.serving.cpu_flags; docs/e2e.md explains each one).
+# needs (printed by sglang_dspark_plugin.harness.serving.cpu_flags; docs/guide/cpu-testing.md
+# explains each one).
 # For real models see configs/deploy/.
 set -euo pipefail
 cd "$(dirname "$0")/.."

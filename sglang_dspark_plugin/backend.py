@@ -10,7 +10,7 @@ for Kimi-style models served with ``--attention-backend dspark``. Per forward mo
 | EXTEND / prefill             | SGLang's own chunked prefill (``KDAAttnBackend.forward_extend``) |
 | commit after verify          | ``commit.commit_verified_states`` (lazy record ring: cursor advance + conv roll; ReplaySSM fold; or SGLang's snapshot scatter) |
 
-Lazy record ring (``--enable-linear-replayssm-spec``, docs/lazy-flush.md): where it is safe
+Lazy record ring (``--enable-linear-replayssm-spec``, docs/design/lazy-record-ring.md): where it is safe
 (:meth:`DSparkKDAAttnBackend._lazy_records_off_reason`), the pool's state is a checkpoint and the
 rings keep records of the accepted tokens since; the verify rebuilds its start state from them and
 flushes inside its state pass, and the commit only moves a per-slot cursor. The cursor
@@ -20,7 +20,7 @@ slot (:meth:`DSparkKDAAttnBackend._restart_records`): a slot becomes a request's
 through a prefill, and only working slots' cursors are read. It is not SGLang's decode cursor
 ``replayssm_write_pos``: with that allocated, SGLang's ``HybridReqToTokenPool.alloc`` zeroes it at
 a 0-dim CUDA index, an ``.item()`` host sync per admitted request that stalls the overlap
-scheduler (docs/lazy-flush.md). The corrected deltas go to
+scheduler (docs/design/lazy-record-ring.md). The corrected deltas go to
 the pool's ``replayssm_d`` / ``replayssm_k``, which SGLang allocates and leaves unused under the
 speculative ring.
 
@@ -200,7 +200,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
 
     def _lazy_records_off_reason(self, mamba_pool, model_runner) -> Optional[str]:
         """Why the lazy record ring cannot run here, or None. Every condition is one of
-        docs/lazy-flush.md's: a path that would read a slot's state behind the plugin's back, or
+        docs/design/lazy-record-ring.md's: a path that would read a slot's state behind the plugin's back, or
         a KDA layer whose verify and commit would be SGLang's (they cannot continue from records)."""
         if not lazy_records_enabled():
             return f"{LAZY_RECORDS_ENV}={lazy_records_setting()}"
@@ -235,7 +235,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             return "FlashInfer fused-accept verify backend selected"
         if self.num_draft_tokens > LAZY_RECORDS_MAX_WINDOW and not lazy_records_any_window():
             return (f"windows of {self.num_draft_tokens} tokens (its verify is slower than verify + fold "
-                    f"above {LAZY_RECORDS_MAX_WINDOW} on the H200: docs/lazy-flush.md; "
+                    f"above {LAZY_RECORDS_MAX_WINDOW} on the H200: docs/design/lazy-record-ring.md; "
                     f"{LAZY_RECORDS_ENV}=all turns it on)")
         if self.num_draft_tokens > LAZY_RECORDS_TESTED_WINDOW:
             return f"windows of {self.num_draft_tokens} tokens (the lazy kernels are tested up to {LAZY_RECORDS_TESTED_WINDOW})"
@@ -403,7 +403,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         q, k, v = split_mixed_qkv(mixed_qkv, heads)
         gate = self._output_gate(layer, num_tokens)
         gate_kwargs = {} if gate is None else self._output_gate_kwargs(
-            layer, as_dense_heads(gate, "output gate", num_tokens, heads))
+            layer, as_dense_heads(gate, "output_gate", num_tokens, heads))
         out = decode(
             q, k, v,
             as_dense_heads(a, "a (gate input)", num_tokens, heads),

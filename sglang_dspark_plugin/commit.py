@@ -5,7 +5,7 @@ SGLang's DSPARK worker calls ``HybridLinearAttnBackend.update_mamba_state_after_
 with ``last_correct_step_indices = commit_lens - 1`` (commit_lens counts the bonus token).
 
 - Lazy record ring (``--enable-linear-replayssm-spec`` where the backend turned it on;
-  docs/lazy-flush.md): the verify left each window token's record behind the slot's pending ones;
+  docs/design/lazy-record-ring.md): the verify left each window token's record behind the slot's pending ones;
   the commit only moves the slot's cursor past the accepted tokens (``record_ring.commit_records``)
   and rolls the conv window; a radix "track" snapshot is materialised from the checkpoint and the
   records (``record_ring.materialize_records``). No state is read or written otherwise.
@@ -105,7 +105,7 @@ def _commit_lazy_records(cursor, caches, slots, rows, accept_lens, track_slots, 
     """The lazy record ring's commit, all layers: one launch for the cursor advance and the conv
     roll to the last accepted token (and the radix track snapshot's conv window and cursor reset),
     one more for the track snapshot's state, materialised from the checkpoint and the records.
-    Few host ops: the served model is partly host-bound (docs/lazy-flush.md)."""
+    Few host ops: the served model is partly host-bound (docs/design/lazy-record-ring.md)."""
     track = commit_records(cursor, slots, accept_lens, caches.conv[0], caches.intermediate_conv_window[0], rows,
                            steps=steps, ring_len=caches.replayssm_rawk.shape[-2], track_slot_indices=track_slots,
                            track_steps=track_steps)

@@ -1,7 +1,7 @@
 """Verify-batch layout: SGLang's (possibly ragged) token batch <-> the dense ``[1, T, H, 128]``
 layout of the MTP verify kernel (T = N·(1+num_spec), N requests, batch dim 1, head dim 128).
 
-Where SGLang hands tensors over (per KDA layer, see docs/architecture.md):
+Where SGLang hands tensors over (per KDA layer, see docs/design/architecture.md):
 
 - ``mixed_qkv [T_phys, 3·H·128]``: the pre-conv q|k|v projection; last dim contiguous, the row
   stride may be larger (a slice of a fused GEMM output);

@@ -55,7 +55,7 @@ HOOK_TARGET = "sglang.srt.layers.attention.attention_registry.attn_backend_wrapp
 
 # Every SGLang internal the plugin changes, in the order of the docstring above: what registration
 # adds an entry to, the hooked function, and the two names the hook swaps for the duration of the
-# wrapped call. docs/architecture.md lists the same; tests/test_plugin.py keeps the list, the doc,
+# wrapped call. docs/design/architecture.md lists the same; tests/test_plugin.py keeps the list, the doc,
 # this module's code and the installed SGLang in step.
 SGLANG_INTERNALS = (
     "sglang.srt.arg_groups.choices.ATTENTION_BACKEND_CHOICES",
@@ -126,7 +126,8 @@ def check_ragged_verify_delegate(runner, delegate: str) -> None:
     builds its TARGET_VERIFY metadata for dense ``[bs, 1 + gamma]`` windows and ignores
     ``spec_info.ragged_verify_layout``: the first short window makes ``extend_attention_fwd`` read
     past the packed tokens (segfault / heap corruption, also with stock ``--attention-backend
-    triton``; docs/e2e.md section 6). Failing at startup with the fix beats a crashed scheduler.
+    triton``; docs/guide/cpu-testing.md, "Not covered on CPU"). Failing at startup with the fix beats
+    a crashed scheduler.
     """
     if delegate != "triton":
         return

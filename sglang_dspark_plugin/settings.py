@@ -2,7 +2,8 @@
 built for, and where it runs.
 
 Environment variables all start with ``SGLANG_DSPARK_`` and are listed in ``ENV_VARS`` (README.md,
-"Settings", has the same table; ``tests/test_settings.py`` keeps the two in step). They are read
+"Settings", has the same table and docs/reference/settings.md a section for each;
+``tests/test_settings.py`` keeps the three in step). They are read
 when used, not at import, so a test or a launcher can set them after importing the package.
 ``TRITON_INTERPRET`` is Triton's own variable; it is read here too because the launch table and
 the CPU support depend on it.
@@ -21,7 +22,7 @@ HEAD_DIM = 128  # K = V = 128 per KDA head (Kimi-Linear, Kimi-K3)
 CONV_WIDTH = 4  # short conv of q/k/v: 3 previous inputs + the current one
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float32)  # q/k/v/a/b, conv state, rings; the state is fp32
 # The lazy record ring runs for verify windows up to this many tokens (1 + gamma): above, its
-# verify cost more than it saved on the H200 (docs/lazy-flush.md, 2026-12-02)
+# verify cost more than it saved on the H200 (docs/design/lazy-record-ring.md, 2026-12-02)
 LAZY_RECORDS_MAX_WINDOW = 4
 # SGLANG_DSPARK_LAZY_RECORDS=all takes windows up to this many tokens: the lazy kernels are tested
 # (against float64, through flushes) up to 16-token windows
@@ -48,7 +49,7 @@ ENV_VARS = {
     "source checkout, else the user cache)",
     LAZY_RECORDS_ENV: "unset or 1 = the lazy record ring under --enable-linear-replayssm-spec where it is "
     f"safe, for verify windows up to {LAZY_RECORDS_MAX_WINDOW} tokens (no fold per commit; faster per KDA "
-    "step and served, docs/lazy-flush.md); all = also for windows of "
+    "step and served, docs/design/lazy-record-ring.md); all = also for windows of "
     f"{LAZY_RECORDS_MAX_WINDOW + 1}-{LAZY_RECORDS_TESTED_WINDOW} tokens (correct, not yet shown faster); "
     "0 = fold every commit",
     BUFFERED_DECODE_ENV: "the buffered decode kernel under --enable-linear-replayssm: factored (default) = only "
@@ -96,7 +97,7 @@ def lazy_records_any_window() -> bool:
 
 def buffered_decode_impl() -> str:
     """``SGLANG_DSPARK_BUFFERED_DECODE``: the ``impl`` of :func:`kernels.decode.decode` in SGLang's
-    decode ring, ``factored`` when unset or empty (the faster kernel: docs/lazy-flush.md). Any
+    decode ring, ``factored`` when unset or empty (the faster kernel: docs/design/lazy-record-ring.md). Any
     other value is refused with one clear error."""
     return _choice(BUFFERED_DECODE_ENV, "factored", BUFFERED_DECODE_IMPLS,
                    f"a buffered decode kernel: use one of {', '.join(BUFFERED_DECODE_IMPLS)} "

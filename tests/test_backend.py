@@ -32,7 +32,7 @@ H = 2
 D = 3 * H * 128
 NUM_REQ = 3
 POOL = 4
-DTYPE = torch.float32  # fp32 activations: the 1e-5 state tolerance of the issue
+DTYPE = torch.float32  # fp32 activations: the 1e-5 state tolerance
 
 # Relative (norm-wise) error bounds against the float64 reference (kernels.reference, plain torch:
 # not SGLang's Triton KDA kernels, whose bf16 tl.dot the Triton interpreter computes on raw bf16 bits

@@ -1,5 +1,6 @@
-"""Every error code the plugin can raise has an entry in docs/troubleshooting.md (message, cause,
-fix and a before/after snippet), and the data path raises nothing but catalogued errors.
+"""Every error code the plugin can raise has an entry in docs/reference/errors.md (message, cause,
+fix and a before/after snippet), every message links to that page, and the data path raises
+nothing but catalogued errors.
 
 The codes are read from the raise sites themselves (the ``dspark_error(code, what, ...)`` calls,
 by AST), not from strings anywhere in the source: a code is "raised" where a call builds it, and
@@ -15,7 +16,7 @@ from collections import defaultdict
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "sglang_dspark_plugin"
-DOC = ROOT / "docs" / "troubleshooting.md"
+DOC = ROOT / "docs" / "reference" / "errors.md"  # the page every message links to
 # Modules on the data path (registration, layout, backend, commit, kernels): they report bad
 # input only through errors.dspark_error, so every message has a code and an entry.
 DATA_PATH = ["plugin.py", "layout.py", "backend.py", "commit.py", "kernels"]
@@ -132,17 +133,27 @@ def raise_sites():
 
 
 def doc_entries():
-    """``{code: body}`` for each ``### DSPARK-Exxx ...`` heading of the troubleshooting page."""
+    """``{code: body}`` for each ``### DSPARK-Exxx ...`` heading of the error catalogue."""
     text = DOC.read_text()
     parts = re.split(r"^### (DSPARK-E\d{3})\b.*$", text, flags=re.M)
     return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def test_messages_link_to_the_catalogue():
+    """``DSparkError`` messages end with ``(see <page>#<code>)``: the page is this catalogue, and
+    every entry's heading gives the anchor (GitHub lowercases the code)."""
+    from sglang_dspark_plugin.errors import TROUBLESHOOTING, dspark_error
+
+    assert ROOT / TROUBLESHOOTING == DOC and DOC.is_file()
+    err = dspark_error("DSPARK-E104", "T", expected="x", got="y", fix="z")
+    assert str(err).endswith(f"(see {TROUBLESHOOTING}#dspark-e104)")
 
 
 def test_every_raised_code_has_an_entry():
     codes = set(raise_sites())
     assert len(codes) >= 20, codes  # the catalogue is real: kernels, layout, backend, registration
     missing = sorted(codes - set(doc_entries()))
-    assert not missing, f"no entry in docs/troubleshooting.md for {missing}"
+    assert not missing, f"no entry in docs/reference/errors.md for {missing}"
 
 
 def _documented(code: str, subject: str, body: str) -> bool:
@@ -178,7 +189,7 @@ def test_entries_say_message_cause_fix_and_show_before_after():
 
 def test_no_entry_for_a_code_that_no_longer_exists():
     stale = sorted(set(doc_entries()) - set(raise_sites()))
-    assert not stale, f"docs/troubleshooting.md documents codes the code never raises: {stale}"
+    assert not stale, f"docs/reference/errors.md documents codes the code never raises: {stale}"
 
 
 def test_data_path_raises_only_catalogued_errors():

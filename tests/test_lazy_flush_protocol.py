@@ -1,4 +1,4 @@
-"""The lazy-flush speculative ring's protocol (issue 15, docs/lazy-flush.md) against the eager
+"""The lazy record ring's protocol (docs/design/lazy-record-ring.md) against the eager
 per-token recurrence: outputs, the materialised state after every commit, and the checkpoint
 invariant SGLang's no_buffer finish path relies on, over 200 steps with random accept lengths,
 across flushes, for two slots at once.

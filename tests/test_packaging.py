@@ -2,7 +2,7 @@
 and the pinned dependencies of ``pyproject.toml``, nothing else.
 
 A full install of the wheel into a fresh venv and the main job run from outside the checkout
-(the models then go to the user cache) is too slow for CI; it was run by hand (docs/e2e.md)."""
+(the models then go to the user cache) is too slow for CI; it was run by hand (docs/guide/cpu-testing.md)."""
 
 import pathlib
 import shutil

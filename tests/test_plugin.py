@@ -371,8 +371,8 @@ def test_unknown_delegate_leaves_nothing_half_registered():
     ],
 )
 def test_ragged_verify_on_triton_mla_is_refused_with_e004(monkeypatch, mode, table, delegate, refused):
-    """SGLang's triton MLA backend segfaults on verify windows shorter than 1+gamma (docs/e2e.md
-    section 6); the dspark factory refuses that configuration at startup with DSPARK-E004."""
+    """SGLang's triton MLA backend segfaults on verify windows shorter than 1+gamma
+    (docs/guide/cpu-testing.md, "Not covered on CPU"); the dspark factory refuses that configuration at startup with DSPARK-E004."""
     from types import SimpleNamespace
 
     from sglang_dspark_plugin.errors import DSparkError
@@ -412,7 +412,7 @@ def test_product_never_imports_the_harness():
 
 
 def test_touched_sglang_internals_are_listed_in_step():
-    """plugin.SGLANG_INTERNALS, docs/architecture.md's list and the code agree: every entry exists in
+    """plugin.SGLANG_INTERNALS, docs/design/architecture.md's list and the code agree: every entry exists in
     the installed SGLang and is used by plugin.py, and every module attribute plugin.py rebinds (the
     class swap in the hook) is an entry."""
     import ast
@@ -423,7 +423,7 @@ def test_touched_sglang_internals_are_listed_in_step():
     from sglang_dspark_plugin import plugin
 
     internals = plugin.SGLANG_INTERNALS
-    doc = (pathlib.Path(ROOT) / "docs" / "architecture.md").read_text()
+    doc = (pathlib.Path(ROOT) / "docs" / "design" / "architecture.md").read_text()
     listed = doc.split("<!-- sglang-internals -->", 1)[1].split("<!-- /sglang-internals -->", 1)[0]
     assert re.findall(r"^- `(sglang\.[\w.]+)`", listed, flags=re.M) == list(internals)
     assert plugin.HOOK_TARGET in internals

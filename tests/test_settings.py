@@ -1,5 +1,6 @@
 """One place for settings: every environment variable the plugin reads is defined in
-``settings.py`` (one prefix, ``SGLANG_DSPARK_``), read there only, and documented in README.md."""
+``settings.py`` (one prefix, ``SGLANG_DSPARK_``), read there only, and documented in README.md's
+table and in a section of docs/reference/settings.md."""
 
 import ast
 import pathlib
@@ -24,6 +25,12 @@ def readme_settings_table() -> dict:
     return dict(rows)
 
 
+def reference_settings_sections() -> list:
+    """The variables of the ``### `SGLANG_DSPARK_...` `` headings of docs/reference/settings.md."""
+    text = (ROOT / "docs" / "reference" / "settings.md").read_text()
+    return re.findall(r"^### `(SGLANG_DSPARK_[A-Z0-9_]+)`$", text, flags=re.M)
+
+
 def test_every_variable_has_one_prefix_and_a_description():
     assert settings.ENV_VARS
     for name, description in settings.ENV_VARS.items():
@@ -32,6 +39,12 @@ def test_every_variable_has_one_prefix_and_a_description():
 
 def test_readme_table_lists_exactly_the_settings_variables():
     assert set(readme_settings_table()) == set(settings.ENV_VARS)
+
+
+def test_reference_page_has_one_section_per_settings_variable():
+    sections = reference_settings_sections()
+    assert len(sections) == len(set(sections)), sections
+    assert set(sections) == set(settings.ENV_VARS)
 
 
 def test_package_names_no_variable_that_settings_does_not_define():

@@ -1,4 +1,4 @@
-"""Tensor-parallel sharding of KDA layers, checked on CPU with SGLang's real layers (issue 17).
+"""Tensor-parallel sharding of KDA layers, checked on CPU with SGLang's real layers.
 
 Kimi-Linear-48B is served at TP2 (32 KDA heads -> 16 per rank) and Kimi-K3 at TP8 (96 -> 12 per
 rank). Until a multi-GPU machine runs them end to end, this module builds SGLang's own KDA layer

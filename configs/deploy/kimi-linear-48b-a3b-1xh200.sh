@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Kimi-Linear-48B-A3B-Instruct on ONE H200 (141 GB), DSPARK speculation, dspark attention backend.
 #
-# Model facts behind the numbers (docs/e2e.md, reference notes): 27 layers = 20 KDA + 7 MLA
+# Model facts behind the numbers (docs/guide/deployment.md): 27 layers = 20 KDA + 7 MLA
 # (NoPE), hidden 2304, KDA 32 heads x head_dim 128, MoE 256 experts top-8 (3B active).
 # bf16 weights ~97 GB -> ~35 GB left for KV + recurrent state + activations at TP1.
 #

@@ -28,8 +28,7 @@ sets it when it is unset and there is no GPU; it must be in the environment befo
 are *decorated*, i.e. before the kernel modules are imported, so the server launcher in
 ``serving.py`` puts it into the server's environment and SGLang's spawned processes inherit it).
 
-Background and measurements: docs/e2e.md; the reference notes cpu-ci-feasibility.md and
-dspark-on-cpu.md that this module implements.
+Background, every shim and gate with its symptom, and measurements: docs/guide/cpu-testing.md.
 """
 
 from __future__ import annotations
@@ -341,8 +340,8 @@ def _shim_fla_device_ctx(module) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# The SGLang device gates (1-5: dspark-on-cpu.md, "Blockers"; 6: tensor parallelism; 7-8: the
-# Mamba radix cache's extra_buffer strategy)
+# The SGLang device gates (1-5: serving with DSPARK; 6: tensor parallelism; 7-8: the Mamba radix
+# cache's extra_buffer strategy; docs/guide/cpu-testing.md lists each with its symptom)
 # ----------------------------------------------------------------------------------------------
 #
 # SGLang's "CPU" (``is_cpu()``) means its own CPU engine (``SGLANG_USE_CPU_ENGINE=1`` with a

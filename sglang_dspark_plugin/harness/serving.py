@@ -21,7 +21,7 @@ What the launcher does:
   after a grace period. Signalling every process at once instead makes SGLang believe its
   scheduler crashed and spend ~65 s in "crash diagnostics"; killing only the launcher would
   orphan the scheduler and detokenizer. Also done at interpreter exit for servers still running.
-* on a machine **without a GPU** it adds what a CPU-only run needs (docs/e2e.md): the
+* on a machine **without a GPU** it adds what a CPU-only run needs (docs/guide/cpu-testing.md): the
   environment of ``cpu_env()`` and the flags of ``cpu_flags()``; on CUDA it adds nothing.
   The CPU-only SGLang patches themselves (``cpu_support.py``) are installed inside the server's
   processes by the plugin's ``dspark_cpu`` entry point, which ``SGLANG_DSPARK_CPU=1`` turns on.
@@ -65,7 +65,7 @@ LAUNCHERS = {
 
 
 def cpu_flags(*, speculative: bool, radix_strategy: Optional[str] = None) -> List[str]:
-    """Flags a CPU-only SGLang run needs, each for a reason found by running it (docs/e2e.md).
+    """Flags a CPU-only SGLang run needs, each for a reason found by running it (docs/guide/cpu-testing.md).
 
     * ``--device cpu``: no CUDA device.
     * ``--mamba-radix-cache-strategy no_buffer``: the default ``extra_buffer`` asserts platform
@@ -149,8 +149,8 @@ def _merge_flags(base: List[str], extra: Sequence[str]) -> List[str]:
 
 # SGLang's breakable prefill CUDA graph up to 512 tokens (8 prompts of 64; the served admissions
 # are a few prompts). SGLang leaves it off for KDA models unless asked for; eager prefill forwards
-# left about half of the served step's GPU idle at c=64 (docs/gpu-serving.md, twenty-first session).
-# On SGLang 0.5.23 it gives wrong greedy tokens on KDA models, stock included (twenty-second session).
+# left about half of the served step's GPU idle at c=64 (H200, kimi48, 2026-12-04). On SGLang 0.5.23
+# it gives wrong greedy tokens on KDA models, stock included (docs/guide/gpu-serving.md).
 PREFILL_GRAPH_ARGS = ("--cuda-graph-backend-prefill", "breakable", "--cuda-graph-max-bs-prefill", "512")
 
 

@@ -15,7 +15,7 @@ same code from a ``ModelSpec``:
 * ``kimi48-8l`` (``kimi-linear-48b-8l/`` + ``-draft/``): configs only, for throughput: the first 8
   layers of Kimi-Linear-48B-A3B with its MoE and vocabulary, served with SGLang's random weights
   (``--load-format dummy``, token ids in and out), so that a served step is GPU-bound as in the
-  real model (kimi32's 4 small layers leave the server host-bound; docs/gpu-serving.md).
+  real model (kimi32's 4 small layers leave the server host-bound; docs/guide/gpu-serving.md).
 * ``kimi48`` (``kimi-linear-48b/`` + ``-draft/``): configs only, the same for all 27 layers of
   Kimi-Linear-48B-A3B (20 KDA, 7 MLA); one server per H200.
 
@@ -25,7 +25,7 @@ CPU, the draft's Markov table is derived from the target in float64 (so BLAS thr
 an argmax), and safetensors files are written with sorted keys. Weights are git-ignored; the tiny
 pair's configs and tokenizer files are committed.
 
-How the weights are chosen (see docs/e2e.md for the measurements):
+How the weights are chosen (see docs/guide/cpu-testing.md for the measurements):
 
 * **Target.** Random Gaussian weights, scaled so the residual stream keeps a strong token-to-token
   ("bigram") path (embedding -> final norm -> lm_head) while the KDA and MLA layers add enough
@@ -188,7 +188,7 @@ KIMI48_8L = replace(
 # Kimi-Linear-48B-A3B at TP1, all 27 layers: MLA at layers 4, 8, 12, 16, 20, 24 and 27 (1-based, as
 # its config's full_attn_layers), KDA at the other 20; MoE as above (~97 GB of bf16 weights, one
 # server per H200). The served model whose step is GPU-bound at serving concurrency, where kimi48-8l
-# still left the host the limit (docs/gpu-serving.md); random weights, tokens/s only.
+# still left the host the limit (docs/guide/gpu-serving.md); random weights, tokens/s only.
 KIMI48 = replace(
     KIMI48_8L,
     name="kimi48",
@@ -311,7 +311,7 @@ def target_config(spec: ModelSpec = TINY) -> dict:
 
 
 def draft_config(spec: ModelSpec = TINY) -> dict:
-    """config.json of a DSPARK draft (fields: dspark-on-cpu.md, ``models/dspark.py``)."""
+    """config.json of a DSPARK draft (fields: SGLang's ``models/dspark.py``)."""
     num_target_layers = len(spec.layers)
     return {
         "architectures": ["DSparkDraftModel"],

@@ -6,9 +6,9 @@
 * :func:`replayssm_fold` -- commit: fold the accepted prefix of the rings into the state, all layers.
 * :mod:`.record_ring` -- the lazy record ring's commit (``commit_records``) and the state of a slot
   from its checkpoint and records (``materialize_records``); its verify is ``mtp_verify`` with
-  ``record_cursor`` (docs/lazy-flush.md).
+  ``record_cursor`` (docs/design/lazy-record-ring.md).
 
-Plain PyTorch references (the test oracle) live in :mod:`.reference`; see ``docs/kernels.md``.
+Plain PyTorch references (the test oracle) live in :mod:`.reference`; see ``docs/reference/kernel-api.md``.
 """
 
 from .decode import decode

@@ -112,7 +112,7 @@ def _load_conv_weights(w_ptr, ch, s_w):
 
 
 # ----------------------------------------------------------------------------------------------
-# Lazy record ring (docs/lazy-flush.md): a slot's pool state is a checkpoint and ring rows
+# Lazy record ring (docs/design/lazy-record-ring.md): a slot's pool state is a checkpoint and ring rows
 # [0, p) hold the records of the p accepted tokens since: corrected delta d [V] (fp32),
 # key before normalisation (the rawk ring), the key norm's reciprocal rk (the beta ring) and
 # log-gate g [K] (the g ring). The state after them is S0 o e^{G_p} + sum_s d_s (k_s o e^{G_p - G_{s+1}})^T.

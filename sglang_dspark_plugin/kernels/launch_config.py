@@ -2,9 +2,9 @@
 
 A small static table (no runtime autotuning: every call must be CUDA-graph capturable and
 host-sync free). The wrappers use it unless the caller passes ``block_v`` / ``block_k`` /
-``num_warps`` explicitly. Numbers come from ``benchmarks/bench_kernels.py --sweep`` on an H200;
-the measurements behind every threshold and tile, session by session, are in docs/benchmarks.md
-("Launch table: the measurements behind each choice"). Under the Triton interpreter (CPU tests) the
+``num_warps`` explicitly. Numbers come from ``benchmarks/bench_kernels.py --sweep`` on an H200
+(the table's choice was also the best or within 2 % on an H100); the rules are in
+docs/design/architecture.md ("Launch table"). Under the Triton interpreter (CPU tests) the
 largest tiles are used, because the interpreter's cost is per program, not per element.
 
 Each function returns a dict with ``block_v``, ``block_k`` and ``num_warps`` (and ``num_stages``
@@ -43,15 +43,14 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None, lazy: bo
     below, the single recurrent launch has less latency. Windows of 5+ tokens run the finish
     kernel (the window's ``T x T`` algebra once per head), whose streaming kernel then takes 64 V
     rows with 2 warps; up to 4 tokens the extra launch costs more than it saves. Prep: 32-channel
-    chunks with one warp, 64 channels with two warps at 16-token windows of large batches. The
-    H200 measurements behind each number: docs/benchmarks.md, "Launch table: the measurements
-    behind each choice".
+    chunks with one warp, 64 channels with two warps at 16-token windows of large batches (H200
+    sweeps).
 
     ``lazy`` (the lazy record ring): always the chunked kernels (the only ones that keep records),
     with the same tiles, except 4 warps for the finished streaming kernel (windows of 5+ tokens):
     with its 16-wide epilogue products it needs 254 registers with 2 (``benchmarks/sass_report.py
     --lazy``, 8-token windows; 147 with 4). Such windows keep the lazy ring off by default: its step
-    is still slower there than verify + fold (docs/lazy-flush.md)."""
+    is still slower there than verify + fold (docs/design/lazy-record-ring.md)."""
     if lazy:
         cfg = verify_ring(H, N, steps, "chunked")
         return dict(cfg, num_warps=4) if cfg["finish"] else cfg
@@ -76,8 +75,7 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None, lazy: bo
 
 def verify_rows(H: int, N: int, steps: int) -> dict:
     """Recurrent verify (snapshot mode, and ring mode with ``impl="rows"``): 64 rows x 2 warps
-    from N*H >= 128 in both modes, 32 rows x 4 warps below (H200 sweeps: docs/benchmarks.md,
-    "Launch table: the measurements behind each choice")."""
+    from N*H >= 128 in both modes, 32 rows x 4 warps below (H200 sweeps)."""
     if _programs(N, H) < 128:
         return dict(block_v=32, num_warps=4)
     return dict(block_v=64, num_warps=2)
@@ -86,7 +84,7 @@ def verify_rows(H: int, N: int, steps: int) -> dict:
 def fold(H: int, N: int, layers: int) -> dict:
     """ReplaySSM fold: one program per (request, layer, head, V-tile) of ``block_v`` rows, one warp:
     4-row tiles up to N*layers*H = 192, 16-row tiles above (H200 probes with the conv roll as in
-    serving: docs/benchmarks.md, "Launch table: the measurements behind each choice")."""
+    serving)."""
     if interpreting():
         return dict(block_v=32, num_warps=4)
     if _programs(N, H) * max(1, layers) <= 192:
@@ -97,14 +95,14 @@ def fold(H: int, N: int, layers: int) -> dict:
 def decode(H: int, N: int, buffered: bool = False, factored: bool = False) -> dict:
     """Decode: one program per (request, head), looping over V-tiles of ``block_v`` rows: the whole
     128-row tile with 4 warps while N*H <= 1024 (latency-bound), 32-row tiles with 1 warp above
-    (H200 sweep: docs/benchmarks.md, "Launch table: the measurements behind each choice").
+    (H200 sweep).
     Buffered (SGLang's decode ring): 32-row tiles with 4 warps at every size, the only tile of
     those tried that compiles for sm_90 without spills (the ring's 16 x 128 carried keys and the
     ``tl.dot`` operands stay live across the V loop; 1 warp spills 976 B, 128 rows 456 B:
     ``benchmarks/sass_report.py decode --buffered``). The factored buffered step (``impl="factored"``)
     keeps no ring tile live across the V loop and has no ``tl.dot`` (no spills at 1 warp):
     the whole tile with 4 warps while N*H <= 256, 32-row tiles with 1 warp above (H200
-    sweep of 7 tiles at N = 8, 32, 64, 256, H=32: docs/lazy-flush.md, twenty-fourth session)."""
+    sweep of 7 tiles at N = 8, 32, 64, 256, H=32, 2026-12-04)."""
     if interpreting():
         return dict(block_v=32, num_warps=4)
     if buffered and factored:

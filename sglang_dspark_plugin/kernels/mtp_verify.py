@@ -293,9 +293,9 @@ def mtp_verify(
         Chunked kernel: run the per-(request, head) finish kernel between prep and streaming kernel
         (the window's ``T x T`` algebra once per head; default from the table: windows of 5+ tokens).
     record_cursor : torch.Tensor, optional
-        Lazy record ring (ring mode; docs/lazy-flush.md): ``[slots]`` int32, ``p`` = the records of
-        accepted tokens a slot holds in ring rows ``[0, p)`` that ``ssm_state[slot]`` (the
-        checkpoint) does not yet include (the pool's ``dspark_record_cursor``). Read only here (the
+        Lazy record ring (ring mode; docs/design/lazy-record-ring.md): ``[slots]`` int32, ``p`` =
+        the records of accepted tokens a slot holds in ring rows ``[0, p)`` that
+        ``ssm_state[slot]`` (the checkpoint) does not yet include (the pool's ``dspark_record_cursor``). Read only here (the
         commit moves it, :func:`sglang_dspark_plugin.kernels.record_ring.commit_records`). The window starts from
         the checkpoint carried over those records; when it would not fit behind them
         (``p + 1 + num_spec > L``) that state is written to ``ssm_state[slot]`` first (a flush) and

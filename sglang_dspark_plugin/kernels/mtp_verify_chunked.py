@@ -25,7 +25,8 @@ diag(beta)`` (from the partials, with the norms) is computed by the streaming ke
 state loop for windows up to 4 tokens (``O^T = S0 Qg^T rq + (V^T - S0 Kg^T rk) P^T``), and from 5
 tokens by a *finish* kernel per (request, head) between the two, which also folds it into one
 q-side operand ``W = diag(rq) Qg - P diag(rk) Kg`` (``O^T = S0 W^T + V^T P^T``). One kernel doing
-everything ran at low occupancy (255 registers) and was 2x slower on the H200 (docs/benchmarks.md).
+everything ran at low occupancy (255 registers) and was 2x slower on the H200
+(docs/design/alternatives-measured.md).
 
 Precision: ``G_t - G_s`` is formed from the prefix sums kept as exact fp32 pairs (hi + lo of an
 fp64 cumsum), so a pairwise decay ``e^{G_t - G_s}`` is as accurate as one ``exp`` of the segment
@@ -234,7 +235,7 @@ def _verify_prep_kernel(
     ``wss[n, h, c] = [|q_t|^2 (TP) | |k_t|^2 (TP)]``, which the finish kernel (5+ tokens) or the
     streaming kernel adds up in chunk order. One program per chunk rather than per head: fewer
     registers (255 -> 96-128 per thread at 4-token windows) and shorter serial chains per program
-    (H200: docs/benchmarks.md).
+    (H200).
 
     ``LAZY`` (lazy record ring): the window's records go to ring rows ``base + t`` behind the
     slot's ``p`` pending ones (``base = 0`` when the window flushes), its betas to the workspace
@@ -327,7 +328,7 @@ def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_
     ``W = diag(rq) Qg - P diag(rk) Kg`` (over ``ws[n, h, 0]``), so that ``O^T = S0 W^T + V^T P^T``:
     the streaming kernels then do one state product and no ``T x T`` algebra. Once per head, not
     once per V-tile, and off the streaming kernel's critical path (H200, H=32, N=256: 880 -> 760 us
-    at 16-token windows; docs/benchmarks.md).
+    at 16-token windows).
 
     ``LAZY``: the betas come from the workspace ``wb``; ``pp[n, h]`` is ``[P | Tm | Tm diag(rk)]``
     (``[3, TP, TP]``: the streaming kernel's corrected deltas are ``U = V^T Tm^T - (S Kg^T) (Tm diag(rk))^T``),
@@ -515,7 +516,7 @@ def _verify_stream_kernel(
             acc_k = acc
         if FINISHED:  # acc_q = S W^T; 16-wide products on the tensor cores (DOT_PREC): 8-wide
             # ones in registers, or IEEE fp32 ones (FMAs), were the kernel's largest cost on the
-            # H200 (docs/lazy-flush.md, eleventh and fourteenth sessions)
+            # H200 (docs/design/alternatives-measured.md)
             o = acc_q + tl.dot(tl.trans(yv), tl.trans(P), input_precision=DOT_PREC)
             if LAZY:
                 U = (tl.dot(tl.trans(yv), tl.trans(Tm), input_precision=DOT_PREC)

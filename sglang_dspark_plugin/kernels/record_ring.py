@@ -1,7 +1,7 @@
 """Lazy record ring: the commit (cursor advance and conv roll) and the state of a slot
 materialised from its checkpoint and pending records.
 
-Under the lazy record ring (docs/lazy-flush.md) a slot's pool state is a checkpoint and ring
+Under the lazy record ring (docs/design/lazy-record-ring.md) a slot's pool state is a checkpoint and ring
 rows ``[0, p)`` hold the records of the ``p`` accepted tokens since (``mtp_verify`` with
 ``record_cursor`` writes them). Where SGLang needs the state itself -- the radix "track"
 snapshot written at commit -- this kernel carries the checkpoint over the first ``count``

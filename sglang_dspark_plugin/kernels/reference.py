@@ -323,7 +323,7 @@ def buffered_decode_state_ref(ssm_state, ring_d, ring_k, ring_g, slot, rows: int
 
 
 # ----------------------------------------------------------------------------------------------
-# Lazy-flush speculative ring (issue 15, docs/lazy-flush.md): the protocol's oracle. The kernels
+# Lazy record ring (docs/design/lazy-record-ring.md): the protocol's oracle. The kernels
 # (mtp_verify with record_cursor, record_ring) implement it with the key kept as rawk and its norm's
 # reciprocal; these references take the processed per-token quantities of the math above
 # (normalised k, scaled q, log-decay g, beta), not raw projections: the protocol concerns only how

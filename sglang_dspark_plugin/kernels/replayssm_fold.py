@@ -61,7 +61,7 @@ def _replayssm_fold_kernel(
             # are issued (after the state tile's) before the first store: the compiler may not move
             # a load above a store that could alias it, and nine interleaved load/store pairs were
             # nine serial memory round trips, a quarter of the fold's stall samples (ncu, H200, H=32,
-            # N=64, T=16; fold + conv 143.6 -> 125.2 us, docs/benchmarks.md).
+            # N=64, T=16; fold + conv 143.6 -> 125.2 us).
             row = tl.load(irow_ptr + n).to(tl.int64)
             step = tl.minimum(n_acc, ICW_STEPS) - 1
             src = icw_ptr + layer * s_icw_layer + row * s_icw_row + step.to(tl.int64) * s_icw_step
@@ -157,7 +157,7 @@ def replayssm_fold(
         ``None`` / ``"auto"`` / ``"rows"``: the recurrent ``[block_v, 128]`` kernel above (the same
         step helper as the recurrent verify, so the folded state equals snapshot mode bit for bit).
         Chunked (tl.dot) folds were measured 2-5x slower on the H200, in one-kernel and in
-        prep + streaming form (docs/benchmarks.md), and are not shipped.
+        prep + streaming form (docs/design/alternatives-measured.md), and are not shipped.
 
     Returns
     -------

@@ -4,8 +4,9 @@ Everything here looks at tensor *metadata* only (shape, dtype, stride, device): 
 so the checks never synchronise the host with the device and are safe inside CUDA-graph capture.
 
 Each distinct problem has its own stable code in the ``DSPARK-E1xx`` range (see
-``docs/kernels.md``, "Error codes"); every error is a :class:`~sglang_dspark_plugin.errors.DSparkError`
-(a ``ValueError``) whose message says what was expected, what was given and the fix.
+``docs/reference/errors.md``; ``docs/reference/kernel-api.md`` says which wrapper raises which);
+every error is a :class:`~sglang_dspark_plugin.errors.DSparkError` (a ``ValueError``) whose
+message says what was expected, what was given and the fix.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sglang_dspark_plugin.settings import ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DI
 
 INDEX_DTYPE = torch.int32
 
-# One code per distinct problem; docs/kernels.md keeps the same list.
+# One code per distinct problem; docs/reference/errors.md has an entry for each.
 E_ACT_SHAPE = "DSPARK-E101"  # q/k/v/a not [1, T, H, 128] or not matching each other
 E_BETA_SHAPE = "DSPARK-E102"  # b not [1, T, H]
 E_HEAD_DIM = "DSPARK-E103"  # head_dim != 128

@@ -16,7 +16,7 @@ the speculative configurations):
   serving correctly.
 
 The draft is built so that acceptance happens honestly (its Markov head encodes the target's own
-one-token next-token function, see ``tiny_models.py`` and docs/e2e.md).
+one-token next-token function, see ``tiny_models.py`` and docs/guide/cpu-testing.md).
 """
 
 from __future__ import annotations
@@ -384,7 +384,7 @@ def test_offline_engine_serves_dspark(baseline, tmp_path):
 def test_compact_ragged_refused_on_triton_mla():
     """Where the MLA delegate is SGLang's triton backend, the ragged configuration (compact + SPS
     table) fails at startup with DSPARK-E004 and its fix, instead of crashing the scheduler on the
-    first short verify window (docs/e2e.md section 6)."""
+    first short verify window (docs/guide/cpu-testing.md, "Not covered on CPU")."""
     if mla_delegate() != "triton":
         pytest.skip("the MLA delegate reads ragged verify layouts here; the configuration is served")
     config = next(c for c in CONFIGS if c.sps_table)

@@ -1,5 +1,5 @@
-"""Radix-cache prefix hits on states the plugin committed, served (issue 15's correctness list:
-"track snapshots, prefix-cache copies").
+"""Radix-cache prefix hits on states the plugin committed, served (track snapshots and
+prefix-cache copies stay lossless).
 
 SGLang's default Mamba radix cache for Kimi models, ``extra_buffer``, keeps a request's recurrent
 state at every multiple of the track grid (here 64 tokens) that its decode crosses: the DSPARK
@@ -31,8 +31,8 @@ configuration's kernels ran and nothing fell back. Needs device gates 7 and 8 on
 
 What it catches is the wiring: the plugin's commit writes the track slot that SGLang caches and
 copies (a zeroed track state fails it). Small errors in the state's values flip no token of the
-tiny model (the mutations run against it: docs/e2e.md, section 5); those values are checked
-against a float64 run in ``tests/test_backend.py::test_lazy_record_ring_through_sglang`` and
+tiny model (the mutations run against it: docs/guide/cpu-testing.md, "The e2e tests"); those
+values are checked against a float64 run in ``tests/test_backend.py::test_lazy_record_ring_through_sglang`` and
 the kernel tests.
 """
 

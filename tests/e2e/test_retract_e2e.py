@@ -1,5 +1,4 @@
-"""Retract and resume under the lazy record ring and the buffered decode, served (issue 15's
-correctness list).
+"""Retract and resume under the lazy record ring and the buffered decode, served.
 
 With the lazy record ring (and with SGLang's decode ring, where the plugin's buffered decode runs)
 a slot's pool state is a checkpoint plus pending records of accepted tokens. When SGLang retracts a running request (KV pool full) it frees the request's slots with

@@ -1,4 +1,4 @@
-"""Tensor parallelism end to end on CPU (issue 17, the part a machine without two GPUs allows):
+"""Tensor parallelism end to end on CPU (the part a machine without two GPUs allows):
 ``python -m sglang.launch_server --tp-size 2 --attention-backend dspark --speculative-algorithm
 DSPARK`` on the bundled tiny Kimi-Linear, as two real SGLang scheduler processes (ranks) talking
 through ``torch.distributed`` over gloo.

@@ -1,6 +1,6 @@
 """GPU end-to-end tests (marked ``gpu``: skipped without CUDA by tests/conftest.py;
 ``DSPARK_GPU_E2E_ON_CPU=1`` dry-runs the harness on CPU instead). Run on the GPU rig:
-docs/gpu-serving.md."""
+docs/guide/gpu-serving.md."""
 
 import os
 import sys

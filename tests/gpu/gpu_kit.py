@@ -1,7 +1,7 @@
 """The GPU end-to-end fleet: real ``sglang.launch_server`` processes on one GPU, every served
 configuration of both test models, each compared with **stock SGLang without speculation**.
 
-What one run does (``python -m pytest tests/gpu``, on the H200 rig: docs/gpu-serving.md):
+What one run does (``python -m pytest tests/gpu``, on the H200 rig: docs/guide/gpu-serving.md):
 
 1. Writes the test models if missing (``harness.tiny_models``: ``tiny`` and the Kimi-Linear-shaped
    ``kimi32``, 32 KDA heads) and picks ``NUM_PROMPTS`` prompts per model: seeded random token ids
@@ -63,7 +63,7 @@ BRANCH_LEN = 8 if ON_CPU else 12
 
 def _default_parallel() -> int:
     """Servers started at once: one on CPU; on a GPU one per 13 GiB of its memory, at most 10
-    (ten on the H200, six on an 80 GB H100; the measurements behind it: docs/gpu-serving.md)."""
+    (ten on the H200, six on an 80 GB H100; the measurements behind it: docs/guide/gpu-serving.md)."""
     if ON_CPU:
         return 1
     total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
@@ -78,7 +78,7 @@ MODELS = ["tiny"] if ON_CPU else os.environ.get("DSPARK_GPU_E2E_MODELS", "kimi32
 # the plugin is then judged against stock at both.
 TP_SIZE = int(os.environ.get("DSPARK_GPU_E2E_TP", "1"))
 STOCK_TP1 = "stock-tp1"
-# Only these configurations (comma list of Served.name; unset = all): a focused device call
+# Only these configurations (comma list of Served.name; unset = all): a focused run
 ONLY_CONFIGS = set(filter(None, os.environ.get("DSPARK_GPU_E2E_CONFIGS", "").split(",")))
 
 GRAPH_CAPTURED_MARK = "CUDA graph end"  # SGLang's log line after a graph capture
@@ -215,7 +215,7 @@ def configs(model: str) -> List[Served]:
         out.append(Served(model, "dspark-g7-replayssm-lazy-all-static", "dspark", 7, True, lazy_records="all"))
         # Prefills through SGLang's breakable prefill graph, served only when DSPARK_GPU_E2E_CONFIGS
         # names them: SGLang 0.5.23's graph gives wrong greedy tokens on these models without the
-        # plugin too, also with RIG_BCG_STRONG_REFS=1 (docs/gpu-serving.md, 2026-12-04). Stock
+        # plugin too, also with RIG_BCG_STRONG_REFS=1 (docs/guide/gpu-serving.md, 2026-12-04). Stock
         # with the same graph is the yardstick: with and without DSPARK + ReplaySSM (SGLang's KDA
         # kernels); ours: decode, fold every commit, the lazy ring (its cursor reset runs in the
         # graph's refresh hook).

@@ -114,7 +114,7 @@ def _stock_prefill_graph_verdict(fleet, served, base):
     _, wrong = _differences(stock, base)
     if wrong:
         pytest.xfail(f"stock SGLang with the same prefill graph differs from its eager prefill in {len(wrong)} "
-                     "outputs: SGLang's prefill graph is not lossless here (docs/gpu-serving.md)")
+                     "outputs: SGLang's prefill graph is not lossless here (docs/guide/gpu-serving.md)")
 
 
 @pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)

@@ -1,4 +1,4 @@
-"""The plugin's kernels at the per-rank KDA head counts of tensor-parallel serving (issue 17).
+"""The plugin's kernels at the per-rank KDA head counts of tensor-parallel serving.
 
 SGLang shards a KDA layer's heads over the tensor-parallel ranks, so each rank's kernels see
 ``H = num_heads / tp``:

@@ -1,4 +1,4 @@
-"""The lazy record ring (docs/lazy-flush.md) against an uninterrupted float64 run of the accepted
+"""The lazy record ring (docs/design/lazy-record-ring.md) against an uninterrupted float64 run of the accepted
 tokens: verify with ``record_cursor`` -> random accept -> ``commit_records`` (cursor, conv roll), over
 enough cycles to cross several flushes, with ragged windows, a padding row and a radix track
 snapshot (``materialize_records``) every cycle.
@@ -31,7 +31,7 @@ def test_lazy_ring_trajectory(num_spec, L, split, cycles, block_v):
     """``block_v=32``: four V-tiles per head (the interpreter's default is one), so each tile's
     delta columns and the key-norm reciprocals written by V-tile 0 alone are checked on CPU too.
     Request 2 is ragged and sometimes accepts nothing (cursor unchanged past a flush's base)."""
-    cycles = max(200, cycles * 20) if CUDA else cycles  # issue 15's bar on the GPU: >= 200 commits
+    cycles = max(200, cycles * 20) if CUDA else cycles  # on the GPU: >= 200 commits
     steps = 1 + num_spec
     N, H = 3, 2
     slot_list = [1, -1, 3]  # request 1 is CUDA-graph padding

@@ -3,8 +3,8 @@ fold, the records' materialisation and decode (plain and buffered) compile for s
 without a GPU (Triton's bundled ptxas), and the launch table's configurations (verify at 4-token
 windows, the finish and finished streaming kernels of longer windows, the fold's 16-row tiles,
 decode's tiles) do so
-without register spills (docs/benchmarks.md); the prep and the fold issue their loads before their
-first store (no serial memory round trips; sixth session)."""
+without register spills (docs/design/architecture.md); the prep and the fold issue their loads
+before their first store (no serial memory round trips)."""
 
 import os
 import re
@@ -73,7 +73,7 @@ def test_table_configs_compile_without_spills(args):
 ], ids=["prep-T4", "prep-T16", "fold-16", "fold-4"])
 def test_loads_precede_the_first_store(args):
     """A load placed after a store of a loaded value waits for that load (the compiler keeps
-    possibly aliasing memory operations in order): the fifth session's fold conv roll had 8 such
+    possibly aliasing memory operations in order): the fold's conv roll once had 8 such
     loads, its prep 3 blocks of them. The tool itself must see the difference."""
     order, late = _loads_after_first_store(*args)
     assert "S" in order and late == 0, f"{args}: {order}"
@@ -85,6 +85,6 @@ def test_loads_after_first_store_counts_interleaved_pairs():
         from sass_report import loads_after_first_store
     finally:
         sys.path.pop(0)
-    assert loads_after_first_store("LLLSLSLSLL|LS") == 4  # the shape of the fifth session's fold
+    assert loads_after_first_store("LLLSLSLSLL|LS") == 4  # the shape of the fold before its loads moved first
     assert loads_after_first_store("LLLLSSS|LLLL|SSS") == 0
     assert loads_after_first_store("LLLL") == 0
