@@ -5,6 +5,8 @@
 #   bash benchmarks/gpu_rig.sh e2e [pytest args]   GPU end-to-end tests (tests/gpu, kimi32 unless
 #                                                  DSPARK_GPU_E2E_MODELS says); logs -> $OUT
 #   bash benchmarks/gpu_rig.sh bench [args]        benchmarks/bench_serving.py; results -> $OUT
+#   bash benchmarks/gpu_rig.sh run CMD [args]      any command in the rig's environment (kernel tests,
+#                                                  benchmarks/bench_output_gate.py, ...)
 #
 # e2e/bench need every part staged on this (still warm) machine and .rig/sglang-gpu-env.sh
 # (the staging environment script, in the ignored folder .rig). The Triton
@@ -91,6 +93,12 @@ case "$cmd" in
     stop_leftovers
     find /tmp/bench-serving -name '*.json*' -path '*profile*' -delete
     tar -C /tmp -czf "$OUT/bench-serving-logs.tgz" bench-serving
+    save_cache
+    exit "$rc" ;;
+  run)
+    timeout -s INT "${RUN_TIMEOUT:-540}" "$@"
+    rc=$?
+    stop_leftovers
     save_cache
     exit "$rc" ;;
   *) echo "unknown command $cmd" >&2; exit 2 ;;
