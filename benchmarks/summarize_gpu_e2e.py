@@ -21,6 +21,7 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # served_log, which gpu_kit reads
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 from gpu_kit import STOCK_TP1, divergence  # noqa: E402  (the e2e test's own comparison with the baseline)
 

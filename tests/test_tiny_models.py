@@ -61,12 +61,14 @@ def test_special_tokens_are_never_emitted():
     assert int(tiny_models.emittable_tokens().sum()) > 200
 
 
-def test_incremental_reference_equals_full_recompute():
+@pytest.mark.parametrize("base", [tiny_models.KIMI32, tiny_models.K3_12H], ids=lambda s: s.name)
+def test_incremental_reference_equals_full_recompute(base):
     """``ReferenceTarget.greedy`` (one token per step from the cached KDA state, conv tail and MLA
     keys) picks the same tokens, with the same margins, as re-running the whole sequence; on a
-    scaled-down kimi32 layout (KDA, KDA, KDA, MLA) so every cache kind is crossed by a layer."""
+    scaled-down kimi32 / k3-12h layout (KDA, KDA, KDA, MLA) so every cache kind is crossed by a
+    layer (k3-12h: and K3's attention-residual bank, two snapshots)."""
     spec = dataclasses.replace(
-        tiny_models.KIMI32, hidden=256, intermediate=256, kda_heads=2, mla_heads=2,
+        base, hidden=256, intermediate=256, kda_heads=2, mla_heads=2, q_lora_rank=base.q_lora_rank and 64,
         draft_heads=2, draft_kv_heads=2, draft_intermediate=256,
     )  # fmt: skip
     ref = tiny_models.ReferenceTarget(tiny_models.make_target_weights(spec), spec)
@@ -120,3 +122,54 @@ def test_random_weight_model_is_kimi_linear_48b_all_layers():
     assert [_is_sparse_layer(config, i) for i in range(27)] == [False] + [True] * 26
     draft = json.loads((REPO_CONFIGS / spec.draft_dir / "config.json").read_text())
     assert draft["num_target_layers"] == 27
+
+
+def _k3_model(spec):
+    """SGLang's parse of a K3 spec's committed config.json."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    return ModelConfig(str(REPO_CONFIGS / spec.target_dir), trust_remote_code=True).hf_config
+
+
+@pytest.mark.parametrize("spec", [tiny_models.TINY_K3, tiny_models.K3_12H, tiny_models.K3_24H, tiny_models.K3_8L],
+                         ids=lambda s: s.name)
+def test_k3_models_are_read_as_kimi_k3(spec):
+    """The K3 configs are SGLang's Kimi-K3 text stack (``is_kimi_k3``) with K3's KDA (full-rank
+    gate, lower bound -5, 12 heads per rank of 128) and MLA (output gate, NoPE) keys; the K3-shaped
+    models have K3's hidden and MLA dims (query LoRA 1536)."""
+    from sglang.srt.configs.model_config import is_kimi_k3
+
+    config = _k3_model(spec)
+    assert is_kimi_k3(config) and config.architectures == ["KimiK3LinearForCausalLM"]
+    lin = config.linear_attn_config
+    assert (lin["use_full_rank_gate"], lin["gate_lower_bound"], lin["head_dim"]) == (True, -5.0, 128)
+    assert lin["num_heads"] % tiny_models.K3_HEADS_PER_RANK == 0
+    assert config.mla_use_output_gate and config.mla_use_nope
+    assert (config.hidden_act, config.activation_situ_beta, config.activation_situ_linear_beta) == ("situ", 4.0, 25.0)
+    assert config.attn_res_block_size == spec.attn_res_block
+    assert [i for i in range(len(spec.layers)) if config.is_kda_layer(i)] == [
+        i for i, kind in enumerate(spec.layers) if kind == "kda"]
+    if spec is not tiny_models.TINY_K3:
+        assert (config.hidden_size, config.q_lora_rank, config.kv_lora_rank) == (7168, 1536, 512)
+        assert (config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim) == (128, 64, 128)
+
+
+def test_k3_throughput_model_has_k3_latent_moe():
+    """k3-8l is K3's first 8 layers with its dense layer 0 and LatentMoE from layer 1 on (experts
+    at the 3584 latent, latent norm, top-16, 2 shared), fewer experts; random weights only."""
+    from sglang.srt.models.kimi_k3 import _is_moe_layer, _uses_latent_moe
+
+    from sglang_dspark_plugin.harness.serving import tiny_model_args
+
+    spec = tiny_models.K3_8L
+    config = _k3_model(spec)
+    assert (config.vocab_size, config.num_hidden_layers, config.intermediate_size) == (163840, 8, 33792)
+    assert [_is_moe_layer(config, i) for i in range(8)] == [False] + [True] * 7
+    assert _uses_latent_moe(config) and config.latent_moe_use_norm
+    assert (config.routed_expert_hidden_size, config.moe_intermediate_size) == (3584, 3072)
+    assert (config.num_experts, config.num_experts_per_token, config.num_shared_experts) == (32, 16, 2)
+    with pytest.raises(ValueError, match="dense models"):
+        tiny_models.make_target_weights(spec)
+    args = tiny_model_args(7, spec=spec, models_dir=REPO_CONFIGS)
+    assert args[args.index("--load-format") + 1] == "dummy"
+

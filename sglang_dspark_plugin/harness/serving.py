@@ -189,6 +189,11 @@ def tiny_model_args(
         ]  # fmt: skip
         if spec.random_weights:
             args += ["--speculative-draft-load-format", "dummy"]
+        if spec.k3:
+            # SGLang pins K3's verify backend (nv_cutedsl: its Triton verify below SM100) only for
+            # the multimodal wrapper's architecture; without one it refuses compact verify with
+            # --enable-linear-replayssm-spec for the text-only K3 stack of the test models.
+            args += ["--linear-attn-verify-backend", "triton"]
         if replayssm:
             if replayssm_cache_len is None:
                 replayssm_cache_len = max(4, 1 << (2 * (gamma + 1) - 1).bit_length())

@@ -1,9 +1,9 @@
-"""Reproducible Kimi-Linear test models + DSPARK drafts for demos, end-to-end tests and serving
-benchmarks.
+"""Reproducible Kimi-Linear and Kimi-K3 test models + DSPARK drafts for demos, end-to-end tests
+and serving benchmarks.
 
-``python -m sglang_dspark_plugin.harness.tiny_models [--model tiny|kimi32|kimi48-8l|kimi48] [--out DIR]``
-writes, under ``DIR`` (default: the checkout's ``configs/``), one target/draft pair built by the
-same code from a ``ModelSpec``:
+``python -m sglang_dspark_plugin.harness.tiny_models [--model NAME] [--out DIR]`` (``NAME``: a key
+of ``SPECS``) writes, under ``DIR`` (default: the checkout's ``configs/``), one target/draft pair
+built by the same code from a ``ModelSpec``:
 
 * ``tiny`` (``tiny-kimi-linear/`` + ``tiny-dspark-draft/``): 2 layers (KDA, MLA), 2 KDA heads,
   hidden 256; the CPU demo and CPU end-to-end model (weights 4 MB + 1.7 MB).
@@ -18,12 +18,68 @@ same code from a ``ModelSpec``:
   real model (kimi32's 4 small layers leave the server host-bound; docs/guide/gpu-serving.md).
 * ``kimi48`` (``kimi-linear-48b/`` + ``-draft/``): configs only, the same for all 27 layers of
   Kimi-Linear-48B-A3B (20 KDA, 7 MLA); one server per H200.
+* ``tiny-k3`` (``tiny-kimi-k3/`` + ``-draft/``): Kimi-K3's text stack on CPU: KDA, MLA, 12 KDA
+  heads, hidden 1024 (weights 34 MB + 10 MB); the CPU end-to-end K3 model (tests/e2e/test_k3_e2e.py).
+* ``k3-12h`` (``kimi-k3-12h/`` + ``-draft/``): one TP8 rank of Kimi-K3 at TP1 (12 KDA and 12 MLA
+  heads, hidden 7168, K3's MLA dims), its first 4 layers with a dense MLP; the K3 GPU end-to-end
+  model (weights ~1.5 GB, generated where it runs). ``k3-24h``: the same with 24 + 24 heads, for
+  TP2 (12 per rank).
+* ``k3-8l`` (``kimi-k3-8l/`` + ``-draft/``): configs only, for throughput: K3's first 8 layers with
+  its LatentMoE (32 of its 896 experts) and vocabulary, one TP8 rank's attention, random weights.
 
-The tiny and kimi32 pairs share one byte-level BPE tokenizer (vocab 512) and chat template. Only missing files are
-written, and every run writes the same bytes: weights come from a seeded ``torch.Generator`` on the
-CPU, the draft's Markov table is derived from the target in float64 (so BLAS threading cannot flip
-an argmax), and safetensors files are written with sorted keys. Weights are git-ignored; the tiny
-pair's configs and tokenizer files are committed.
+The tiny, kimi32 and K3 pairs share one byte-level BPE tokenizer (vocab 512) and chat template.
+Only missing files are written, and every run writes the same bytes: weights come from a seeded
+``torch.Generator`` on the CPU, the draft's Markov table is derived from the target in float64 (so
+BLAS threading cannot flip an argmax), and safetensors files are written with sorted keys. Weights
+are git-ignored; the configs and tokenizer files are committed.
+
+Kimi-K3 (``family=KIMI_K3``). The config is the text-only form: architectures
+``KimiK3LinearForCausalLM``, model_type ``kimi_linear``, K3's keys (``linear_attn_config``:
+``use_full_rank_gate``, ``gate_lower_bound`` -5; ``mla_use_output_gate``, ``q_lora_rank``, SiTU
+``hidden_act`` with K3's betas 4 / 25, ``attn_res_block_size``; LatentMoE keys on k3-8l). It
+serves on CPU (``cpu_support``'s K3 gates 9-11) with nothing but a tokenizer; the
+multimodal wrapper (model_type ``kimi_k3``, ``KimiK3ForConditionalGeneration``) always builds
+K3's vision tower and asks for an image processor, neither of which the KDA layers see. What the
+text-only form costs: SGLang 0.5.23 keys some K3 serving defaults on the wrapper's architecture
+name: the extra_buffer Mamba radix cache (refused for the text stack, so the GPU K3 e2e serves
+without a radix cache), the speculative verify-backend pin and the SM100 trtllm_mla override.
+Every K3 model has 12 KDA heads per rank: SGLang's ``KimiK3DeltaAttention`` offers its output
+gate to the attention backend (``_k3_onorm_gate``) only when ``_prepare_fused_decode`` accepts
+the layer, i.e. exactly 12 heads of 128 per rank. The generated K3 weights follow the float64
+``ReferenceTarget`` (the K3 forward below); the MLP is dense SiTU there: LatentMoE's top-k
+routing is discontinuous, so a legitimate bf16 difference between two KDA implementations could
+flip an expert choice and change tokens far from any logit near-tie, and the lossless comparison
+would no longer be a test (k3-8l, random weights, has K3's LatentMoE for tokens/s).
+
+What SGLang 0.5.23 turns on for the K3 models (read from ``models/kimi_k3.py``,
+``layers/attn_residual.py``, ``kernels/ops/...``), and where:
+
+* ``fused_qkvg_proj`` (one [q|k|v|g] GEMM) and the [f_a | b] merged GEMM with the f_b GEMV
+  (``_merge_bfa_weights``, K3's ``kimi_k3_tiny_gemm``): every K3 model. On a GPU the tiny GEMM is
+  a CUDA JIT kernel for K3's shapes (the (144, 7168) [f_a|b] and (1536, 128) f_b of 12 heads at
+  hidden 7168: k3-12h, k3-24h at TP2, k3-8l; f_b only on tiny-k3); Hopper is supported. On CPU
+  torch (cpu_support gate 10).
+* Side CUDA streams (the [f_a|b]/f_b GEMVs of KDA, the MLA output-gate GEMM; under CUDA-graph
+  capture, up to 64 tokens on Hopper): GPU only (gate 9 turns them off on CPU).
+* The output-gate stash and SGLang's fused K3 decode (``_k3_fused_decode_args``,
+  ``kda_fused_decode``: conv, recurrence and gated RMSNorm in one CUDA JIT kernel with TMA bulk
+  copies, sm_90+): the stash at 12 heads per rank on every K3 model; stock SGLang's plain decode
+  runs the fused kernel on the GPU rig (without ReplaySSM rings), not on CPU (gate 11). The plugin
+  takes decode and verify itself and consumes the stash (``SGLANG_DSPARK_OUTPUT_GATE``).
+* Attention residuals (``attn_res_block_size``): every K3 model; SGLang's TMA aggregation kernel
+  needs SM100+, so the rig and CPU run its Triton score/combine pipeline (which reads rows in
+  blocks of 1024: hidden must be a multiple of 1024). The float64 reference follows it exactly.
+* MLA output gate (CUDA JIT ``mla_output_gate``; torch on CPU), SiTU (CUDA JIT ``situ_and_mul``;
+  torch on CPU): every K3 model.
+* LatentMoE (k3-8l): the merged MoE front (shared gate_up | router | latent down-projection in one
+  GEMM, CUDA only), Triton fused MoE with SiTU for bf16 experts, the latent RMSNorm.
+* Not on the GPU rig (H100/H200, sm_90) or not for these models: SGLang's CuTe DSPARK verify
+  (``fused_kda_decode_mtp_dspark``, SM100 only, and only with the ``nv_cutedsl`` verify backend
+  that K3's spec hook pins for the wrapper architecture), trtllm_mla with decode-mode verify
+  (SM100, wrapper only), the attention-residual TMA kernel (SM100+), K3's fused all-reduce
+  (``k3_ar_fusion``: SM100/103, TP > 1, NVLink multicast) and the attention all-reduce fusion
+  built on it, the MoE's fused all-reduce + latent norm and gemm+all-gather tail (the same
+  fusion, TP8), MegaMoE / MXFP4 expert runners (the test experts are bf16).
 
 How the weights are chosen (see docs/guide/cpu-testing.md for the measurements):
 
@@ -46,9 +102,10 @@ How the weights are chosen (see docs/guide/cpu-testing.md for the measurements):
   zero weights and a positive bias: a constant survival probability of sigmoid(2) = 0.88.
 
 ``ReferenceTarget`` is a plain float64 PyTorch forward of a target, written from the model
-definition (KDA recurrence, MLA attention, SwiGLU MLP), batched and incremental: it derives the
-draft, and the tests use it to check that SGLang loads these weights as intended and to choose
-prompts without near-ties.
+definition (KDA recurrence, MLA attention, SwiGLU MLP; K3: the lower-bound forget gate, full-rank
+output gate, MLA query LoRA and output gate, SiTU, attention residuals), batched and incremental:
+it derives the draft, and the tests use it to check that SGLang loads these weights as intended
+and to choose prompts without near-ties.
 """
 
 from __future__ import annotations
@@ -75,6 +132,18 @@ V_HEAD = 128
 MARKOV_RANK = 64
 DEFAULT_BLOCK_SIZE = 3  # gamma; --speculative-dspark-block-size overrides it
 
+# Model families: Kimi-Linear (KimiLinearForCausalLM) and Kimi-K3's text stack
+# (KimiK3LinearForCausalLM); see the module docstring for what the K3 family adds.
+KIMI_LINEAR = "kimi_linear"
+KIMI_K3 = "kimi_k3"
+# Kimi-K3's constants (its published text_config)
+K3_GATE_LOWER_BOUND = -5.0  # linear_attn_config.gate_lower_bound: g = lb * sigmoid(exp(A_log) (f + dt_bias))
+K3_SITU_BETA = 4.0  # activation_situ_beta
+K3_SITU_LINEAR_BETA = 25.0  # activation_situ_linear_beta
+K3_HIDDEN = 7168
+K3_Q_LORA_RANK = 1536
+K3_HEADS_PER_RANK = 12  # 96 KDA (and MLA) heads over TP8; SGLang's K3 fused paths need exactly 12
+
 # Scale knobs of the target's random weights (see the module docstring).
 EMBED_STD = 1.0  # token embeddings ~ N(0, EMBED_STD^2): the "bigram" path
 KDA_OUT_GAIN = 0.3  # KDA o_proj gain relative to a unit-variance output
@@ -98,6 +167,7 @@ class MoESpec:
     shared: int
     first_dense_layers: int
     routed_scaling_factor: float
+    latent: Optional[int] = None  # Kimi-K3's LatentMoE: routed experts at this width (routed_expert_hidden_size)
 
 
 @dataclass(frozen=True)
@@ -127,6 +197,14 @@ class ModelSpec:
     # True: no weights are generated (configs only); served with SGLang's random weights
     # (``--load-format dummy``) for throughput, never for output checks
     random_weights: bool = False
+    family: str = KIMI_LINEAR  # KIMI_LINEAR or KIMI_K3 (checkpoint names, config keys, reference forward)
+    # Kimi-K3 only:
+    q_lora_rank: Optional[int] = None  # MLA query down-projection rank (None: one q_proj)
+    attn_res_block: Optional[int] = None  # attention residuals: attn_res_block_size (None: plain residual)
+
+    @property
+    def k3(self) -> bool:
+        return self.family == KIMI_K3
 
 
 TINY = ModelSpec(
@@ -199,7 +277,95 @@ KIMI48 = replace(
     draft_target_layers=(1, 9, 17, 25),
 )
 
-SPECS = {spec.name: spec for spec in (TINY, KIMI32, KIMI48_8L, KIMI48)}
+# Kimi-K3's text stack (KimiK3LinearForCausalLM) at CPU size: KDA, MLA with K3's layer types and
+# gates (full-rank KDA output gate, lower-bound forget gate, MLA output gate, query LoRA, SiTU MLP,
+# attention residuals) and 12 KDA heads, one TP8 rank of K3's 96: SGLang hands the KDA output gate
+# to the attention backend only at 12 heads per rank. Hidden 1024: SGLang's attention-residual
+# kernel reads rows in blocks of 1024. Block size 1 (K3: 12): both layers write the bank, so the
+# final read mixes three rows. Dense SiTU MLP (no MoE, see the module docstring).
+TINY_K3 = ModelSpec(
+    name="tiny-k3",
+    target_dir="tiny-kimi-k3",
+    draft_dir="tiny-kimi-k3-draft",
+    seed=SEED + 3,
+    layers=("kda", "mla"),
+    hidden=1024,
+    intermediate=1024,
+    kda_heads=K3_HEADS_PER_RANK,
+    mla_heads=2,
+    kda_decay=(0.02, 1.0),  # K3: per-token log-decay |g| at f = 0, geometric over the heads
+    max_positions=512,
+    draft_heads=2,
+    draft_kv_heads=2,
+    draft_intermediate=512,
+    draft_target_layers=(0, 1),
+    family=KIMI_K3,
+    q_lora_rank=128,
+    attn_res_block=1,
+)
+
+# One TP8 rank of Kimi-K3 at TP1: 12 KDA heads and 12 MLA heads, K3's hidden (7168) and MLA dims
+# (q_lora_rank 1536, kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128, NoPE), K3's first 4 layers
+# (KDA x3, MLA), attention residuals with a block of 2 (K3: 12, i.e. one block in 4 layers), and a
+# dense SiTU MLP of 6144 (the width of K3's two shared experts, 2 x 3072) in place of its
+# LatentMoE. The K3 GPU end-to-end model (lossless against stock SGLang, float64 reference;
+# weights ~1.5 GB, generated where it runs).
+K3_12H = ModelSpec(
+    name="k3-12h",
+    target_dir="kimi-k3-12h",
+    draft_dir="kimi-k3-12h-draft",
+    seed=SEED + 312,
+    layers=("kda", "kda", "kda", "mla"),
+    hidden=K3_HIDDEN,
+    intermediate=6144,
+    kda_heads=K3_HEADS_PER_RANK,
+    mla_heads=K3_HEADS_PER_RANK,
+    kda_decay=(0.02, 1.0),
+    max_positions=4096,
+    draft_heads=16,
+    draft_kv_heads=4,
+    draft_intermediate=4608,
+    draft_target_layers=(1, 3),
+    family=KIMI_K3,
+    q_lora_rank=K3_Q_LORA_RANK,
+    attn_res_block=2,
+)
+
+# k3-12h with 24 KDA and MLA heads: served at --tp-size 2, each rank has K3's 12 (at TP2 the 12-head
+# model has 6 per rank, where SGLang neither offers the output gate nor runs its fused decode).
+K3_24H = replace(
+    K3_12H,
+    name="k3-24h",
+    target_dir="kimi-k3-24h",
+    draft_dir="kimi-k3-24h-draft",
+    seed=SEED + 324,
+    kda_heads=2 * K3_HEADS_PER_RANK,
+    mla_heads=2 * K3_HEADS_PER_RANK,
+)
+
+# Kimi-K3's first 8 layers (KDA x3, MLA, KDA x3, MLA) at one TP8 rank's attention (12 KDA heads, 12
+# MLA heads), its hidden, vocabulary, dense layer 0 (33792) and LatentMoE (top-16 of width 3072 at
+# the 3584 latent, latent RMSNorm, 2 shared experts, SiTU) with 32 experts instead of 896, and
+# attention residuals of block 12: K3's per-layer mix for tokens/s, configs only, served with
+# SGLang's random weights (~24 GB bf16). 32 bf16 experts (2.1 GB per MoE layer) are about one TP8
+# rank's share of K3's 896 MXFP4 experts (1.85 GB per layer).
+K3_8L = replace(
+    K3_12H,
+    name="k3-8l",
+    target_dir="kimi-k3-8l",
+    draft_dir="kimi-k3-8l-draft",
+    seed=SEED + 38,
+    layers=("kda", "kda", "kda", "mla", "kda", "kda", "kda", "mla"),
+    intermediate=33792,
+    draft_target_layers=(1, 3, 5, 7),
+    vocab=163840,
+    moe=MoESpec(experts=32, top_k=16, intermediate=3072, shared=2, first_dense_layers=1,
+                routed_scaling_factor=1.0, latent=3584),  # fmt: skip
+    attn_res_block=12,
+    random_weights=True,
+)
+
+SPECS = {spec.name: spec for spec in (TINY, KIMI32, KIMI48_8L, KIMI48, TINY_K3, K3_12H, K3_24H, K3_8L)}
 
 # The tiny pair's directories (the demo, the examples and the CPU tests use them by these names).
 TARGET_DIR = TINY.target_dir
@@ -264,7 +430,7 @@ def target_config(spec: ModelSpec = TINY) -> dict:
     num_layers = len(spec.layers)
     moe = spec.moe or MoESpec(experts=4, top_k=2, intermediate=64, shared=1, first_dense_layers=num_layers,
                               routed_scaling_factor=1.0)  # fmt: skip
-    return {
+    config = {
         "architectures": ["KimiLinearForCausalLM"],
         "model_type": "kimi_linear",
         "vocab_size": spec.vocab,
@@ -308,6 +474,32 @@ def target_config(spec: ModelSpec = TINY) -> dict:
         "topk_group": 1,
         "routed_scaling_factor": moe.routed_scaling_factor,
     }
+    if spec.k3:
+        _k3_config(config, spec, moe)
+    return config
+
+
+def _k3_config(config: dict, spec: ModelSpec, moe: MoESpec) -> None:
+    """Kimi-K3's text-stack keys on top of the Kimi-Linear ones (its published text_config):
+    SGLang builds ``KimiK3LinearForCausalLM`` (the text-only form; the multimodal
+    ``KimiK3ForConditionalGeneration`` adds a vision tower and an image processor, nothing the KDA
+    layers see)."""
+    config["architectures"] = ["KimiK3LinearForCausalLM"]
+    config.update(
+        hidden_act="situ",
+        activation_situ_beta=K3_SITU_BETA,
+        activation_situ_linear_beta=K3_SITU_LINEAR_BETA,
+        q_lora_rank=spec.q_lora_rank,
+        mla_use_output_gate=True,
+        attn_res_block_size=spec.attn_res_block,
+        moe_router_activation_func="sigmoid",
+        moe_renormalize=True,
+        topk_method="noaux_tc",
+        use_grouped_topk=True,
+    )
+    if moe.latent is not None:
+        config.update(routed_expert_hidden_size=moe.latent, latent_moe_use_norm=True)
+    config["linear_attn_config"].update(gate_lower_bound=K3_GATE_LOWER_BOUND, use_full_rank_gate=True)
 
 
 def draft_config(spec: ModelSpec = TINY) -> dict:
@@ -405,8 +597,15 @@ def _randn(gen, *shape, std=1.0):
     return torch.randn(*shape, generator=gen, dtype=torch.float32) * std
 
 
+def _norm_weight(gen, n: int):
+    """A K3 norm weight around 1 (not all ones: a norm whose weight is dropped changes the output)."""
+    return 1.0 + _randn(gen, n, std=0.2)
+
+
 def _kda_weights(w, gen, p: str, spec: ModelSpec) -> None:
-    """One KDA layer under prefix ``p`` (checkpoint names SGLang's loader maps)."""
+    """One KDA layer under prefix ``p`` (checkpoint names SGLang's loader maps). Kimi-Linear: low-rank
+    output gate ``g_a``/``g_b``, forget gate ``-exp(A_log) softplus(f + dt_bias)``; Kimi-K3:
+    full-rank output gate ``g_proj``, forget gate ``lb sigmoid(exp(A_log) (f + dt_bias))``."""
     import torch
 
     bf16, hidden, heads = torch.bfloat16, spec.hidden, spec.kda_heads
@@ -416,28 +615,47 @@ def _kda_weights(w, gen, p: str, spec: ModelSpec) -> None:
     w[p + "b_proj.weight"] = _randn(gen, heads, hidden, std=hidden**-0.5).to(bf16)
     w[p + "f_a_proj.weight"] = _randn(gen, HEAD_DIM, hidden, std=hidden**-0.5).to(bf16)
     w[p + "f_b_proj.weight"] = _randn(gen, proj, HEAD_DIM, std=HEAD_DIM**-0.5).to(bf16)
-    w[p + "g_a_proj.weight"] = _randn(gen, HEAD_DIM, hidden, std=hidden**-0.5).to(bf16)
-    w[p + "g_b_proj.weight"] = _randn(gen, proj, HEAD_DIM, std=HEAD_DIM**-0.5).to(bf16)
+    if spec.k3:
+        w[p + "g_proj.weight"] = _randn(gen, proj, hidden, std=hidden**-0.5).to(bf16)
+    else:
+        w[p + "g_a_proj.weight"] = _randn(gen, HEAD_DIM, hidden, std=hidden**-0.5).to(bf16)
+        w[p + "g_b_proj.weight"] = _randn(gen, proj, HEAD_DIM, std=HEAD_DIM**-0.5).to(bf16)
     for name in ("q_conv1d", "k_conv1d", "v_conv1d"):
         conv = _randn(gen, proj, 1, CONV_K, std=0.4)
         conv[:, :, -1] += 1.0  # the current token dominates, earlier taps mix in context
         w[p + name + ".weight"] = conv  # fp32, like SGLang's conv parameter
-    w[p + "dt_bias"] = _randn(gen, proj, std=0.5)  # fp32
-    # Per-head decay rate exp(A_log), geometric over the heads (tiny: 0.5 and 1.0).
     lo, hi = spec.kda_decay
     log_decay = torch.linspace(torch.tensor(lo).log().item(), torch.tensor(hi).log().item(), heads)
-    w[p + "A_log"] = log_decay.to(torch.float32).view(1, 1, heads, 1)
-    w[p + "o_norm.weight"] = torch.ones(HEAD_DIM).to(bf16)
+    if spec.k3:
+        # exp(A_log) from 0.5 to 2 over the heads; dt_bias centred per head so that the log-decay at
+        # f = 0 is -exp(log_decay[h]) (|g| = -lb sigmoid(exp(A_log) dt)), then spread per channel.
+        a_log = torch.linspace(-0.7, 0.7, heads)
+        centre = torch.logit(log_decay.exp() / -K3_GATE_LOWER_BOUND) / a_log.exp()
+        w[p + "dt_bias"] = (centre.repeat_interleave(HEAD_DIM) + _randn(gen, proj, std=0.3)).float()
+        w[p + "A_log"] = a_log.float()  # K3's 1-D layout (Kimi-Linear: [1, 1, H, 1])
+        w[p + "o_norm.weight"] = _norm_weight(gen, HEAD_DIM).to(bf16)
+    else:
+        w[p + "dt_bias"] = _randn(gen, proj, std=0.5)  # fp32
+        # Per-head decay rate exp(A_log), geometric over the heads (tiny: 0.5 and 1.0).
+        w[p + "A_log"] = log_decay.to(torch.float32).view(1, 1, heads, 1)
+        w[p + "o_norm.weight"] = torch.ones(HEAD_DIM).to(bf16)
     w[p + "o_proj.weight"] = _randn(gen, hidden, proj, std=spec.kda_out_gain * proj**-0.5).to(bf16)
 
 
 def _mla_weights(w, gen, p: str, spec: ModelSpec) -> None:
-    """One MLA layer (q_lora_rank None, NoPE) under prefix ``p``."""
+    """One MLA layer (NoPE) under prefix ``p``; K3: query LoRA (``q_a_proj``, ``q_a_layernorm``,
+    ``q_b_proj``) when ``spec.q_lora_rank`` and the output gate ``g_proj``."""
     import torch
 
     bf16, hidden, heads = torch.bfloat16, spec.hidden, spec.mla_heads
     qk_head = QK_NOPE + QK_ROPE
-    w[p + "q_proj.weight"] = _randn(gen, heads * qk_head, hidden, std=MLA_Q_GAIN * hidden**-0.5).to(bf16)
+    if spec.q_lora_rank:
+        rank = spec.q_lora_rank
+        w[p + "q_a_proj.weight"] = _randn(gen, rank, hidden, std=hidden**-0.5).to(bf16)
+        w[p + "q_a_layernorm.weight"] = _norm_weight(gen, rank).to(bf16)
+        w[p + "q_b_proj.weight"] = _randn(gen, heads * qk_head, rank, std=MLA_Q_GAIN * rank**-0.5).to(bf16)
+    else:
+        w[p + "q_proj.weight"] = _randn(gen, heads * qk_head, hidden, std=MLA_Q_GAIN * hidden**-0.5).to(bf16)
     w[p + "kv_a_proj_with_mqa.weight"] = _randn(gen, KV_LORA_RANK + QK_ROPE, hidden, std=hidden**-0.5).to(bf16)
     w[p + "kv_a_layernorm.weight"] = torch.ones(KV_LORA_RANK).to(bf16)
     w[p + "kv_b_proj.weight"] = _randn(
@@ -446,13 +664,26 @@ def _mla_weights(w, gen, p: str, spec: ModelSpec) -> None:
     w[p + "o_proj.weight"] = _randn(
         gen, hidden, heads * V_HEAD, std=spec.mla_out_gain * (heads * V_HEAD) ** -0.5
     ).to(bf16)
+    if spec.k3:
+        w[p + "g_proj.weight"] = _randn(gen, heads * V_HEAD, hidden, std=hidden**-0.5).to(bf16)
+
+
+def _attn_res_weights(w, gen, p: str, spec: ModelSpec) -> None:
+    """The score norm and projection (hidden -> 1) of one K3 attention-residual read (``p``:
+    ``self_attention_res_``, ``mlp_res_`` or the model's ``output_attn_res_``): scores of about unit
+    spread, so that the reads mix the bank's rows rather than pick one."""
+    import torch
+
+    w[p + "norm.weight"] = _norm_weight(gen, spec.hidden).to(torch.bfloat16)
+    w[p + "proj.weight"] = _randn(gen, 1, spec.hidden, std=spec.hidden**-0.5).to(torch.bfloat16)
 
 
 def make_target_weights(spec: ModelSpec = TINY) -> Dict[str, "torch.Tensor"]:
     """Seeded random target weights under the checkpoint names SGLang's ``KimiLinearForCausalLM``
-    loads (HF Kimi-Linear layout: separate q/k/v/b/f_a/f_b/g_a/g_b projections and
-    q/k/v_conv1d, which SGLang fuses while loading). Draw order: embeddings, every layer's
-    attention, every layer's MLP, lm_head."""
+    (``KimiK3LinearForCausalLM`` for the K3 family) loads (HF layout: separate q/k/v/b/f_a/f_b and
+    output-gate projections and q/k/v_conv1d, which SGLang fuses while loading). Draw order:
+    embeddings, every layer's attention, every layer's MLP (K3: and attention-residual reads), the
+    final norm, K3's output read, lm_head."""
     import torch
 
     if spec.random_weights or spec.moe or spec.vocab != VOCAB_SIZE:
@@ -475,8 +706,13 @@ def make_target_weights(spec: ModelSpec = TINY) -> Dict[str, "torch.Tensor"]:
         w[p + "mlp.down_proj.weight"] = _randn(
             gen, hidden, inter, std=spec.mlp_out_gain * inter**-0.5
         ).to(bf16)
+        if spec.attn_res_block:
+            _attn_res_weights(w, gen, p + "self_attention_res_", spec)
+            _attn_res_weights(w, gen, p + "mlp_res_", spec)
 
     w["model.norm.weight"] = torch.ones(hidden).to(bf16)
+    if spec.attn_res_block:
+        _attn_res_weights(w, gen, "model.output_attn_res_", spec)
     lm_head = _randn(gen, VOCAB_SIZE, hidden, std=LOGIT_STD * hidden**-0.5)
     # Tokens the model may emit: those that decode to printable ASCII. Special tokens (EOS
     # included) and bare byte fragments get all-zero rows: logit 0 never wins against hundreds of
@@ -552,9 +788,13 @@ class ReferenceTarget:
         v = conv_silu(self._linear(x, p + "v_proj.weight"), "v_conv1d").view(B, T, H, K)
         q = q / torch.sqrt(q.pow(2).sum(-1, keepdim=True) + 1e-6)
         k = k / torch.sqrt(k.pow(2).sum(-1, keepdim=True) + 1e-6)
-        f = self._linear(self._linear(x, p + "f_a_proj.weight"), p + "f_b_proj.weight")
+        f = self._linear(self._linear(x, p + "f_a_proj.weight"), p + "f_b_proj.weight").view(B, T, H, K)
         A = torch.exp(self.w[p + "A_log"].view(H, 1))
-        g = -A * F.softplus(f.view(B, T, H, K) + self.w[p + "dt_bias"].view(H, K))
+        dt_bias = self.w[p + "dt_bias"].view(H, K)
+        if self.spec.k3:  # lower-bound gate: log-decay in (lb, 0)
+            g = K3_GATE_LOWER_BOUND * torch.sigmoid(A * (f + dt_bias))
+        else:
+            g = -A * F.softplus(f + dt_bias)
         beta = torch.sigmoid(self._linear(x, p + "b_proj.weight"))  # [B, T, H]
         scale = K**-0.5
         S = cache.get("S")
@@ -569,7 +809,10 @@ class ReferenceTarget:
             outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, S))
         cache["S"] = S
         o = torch.stack(outs, 1)  # [B, T, H, V]
-        gate = self._linear(self._linear(x, p + "g_a_proj.weight"), p + "g_b_proj.weight")
+        if self.spec.k3:  # full-rank output gate
+            gate = self._linear(x, p + "g_proj.weight")
+        else:
+            gate = self._linear(self._linear(x, p + "g_a_proj.weight"), p + "g_b_proj.weight")
         o = self._rms(o, self.w[p + "o_norm.weight"]) * torch.sigmoid(gate.view(B, T, H, K))
         return self._linear(o.reshape(B, T, H * K), p + "o_proj.weight")
 
@@ -578,7 +821,11 @@ class ReferenceTarget:
 
         B, T, _ = x.shape
         H = self.spec.mla_heads
-        q = self._linear(x, p + "q_proj.weight").view(B, T, H, QK_NOPE + QK_ROPE)
+        if self.spec.q_lora_rank:
+            q_a = self._rms(self._linear(x, p + "q_a_proj.weight"), self.w[p + "q_a_layernorm.weight"])
+            q = self._linear(q_a, p + "q_b_proj.weight").view(B, T, H, QK_NOPE + QK_ROPE)
+        else:
+            q = self._linear(x, p + "q_proj.weight").view(B, T, H, QK_NOPE + QK_ROPE)
         kv_a = self._linear(x, p + "kv_a_proj_with_mqa.weight")
         c, k_pe = kv_a[..., :KV_LORA_RANK], kv_a[..., KV_LORA_RANK:]
         c = self._rms(c, self.w[p + "kv_a_layernorm.weight"])
@@ -593,29 +840,70 @@ class ReferenceTarget:
         # query t (absolute position past + t) sees keys 0 .. past + t
         mask = torch.ones(T, k.shape[1], dtype=torch.bool, device=x.device).triu(past + 1)
         scores = scores.masked_fill(mask, float("-inf"))
-        o = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v)
-        return self._linear(o.reshape(B, T, H * V_HEAD), p + "o_proj.weight")
+        o = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v).reshape(B, T, H * V_HEAD)
+        if self.spec.k3:  # output gate on the attention output, before o_proj
+            o = o * torch.sigmoid(self._linear(x, p + "g_proj.weight"))
+        return self._linear(o, p + "o_proj.weight")
 
     def _mlp(self, x, layer):
+        import torch
         import torch.nn.functional as F
 
         p = f"model.layers.{layer}.mlp."
-        return self._linear(
-            F.silu(self._linear(x, p + "gate_proj.weight")) * self._linear(x, p + "up_proj.weight"),
-            p + "down_proj.weight",
-        )
+        gate, up = self._linear(x, p + "gate_proj.weight"), self._linear(x, p + "up_proj.weight")
+        if self.spec.k3:  # SiTU: beta tanh(gate / beta) sigmoid(gate) * lb tanh(up / lb)
+            act = K3_SITU_BETA * torch.tanh(gate / K3_SITU_BETA) * torch.sigmoid(gate)
+            act = act * K3_SITU_LINEAR_BETA * torch.tanh(up / K3_SITU_LINEAR_BETA)
+        else:
+            act = F.silu(gate) * up
+        return self._linear(act, p + "down_proj.weight")
+
+    def _attn(self, x, layer: int, cache: dict):
+        attn = self._kda if self.spec.layers[layer] == "kda" else self._mla
+        return attn(x, f"model.layers.{layer}.self_attn.", cache)
+
+    def _read(self, bank: list, head, p: str, norm: str):
+        """K3's attention-residual read: the softmax mixture of the bank's rows and ``head`` (each
+        row scored by ``<rms_norm(row, p.norm), p.proj>``, per token), then the RMSNorm ``norm``."""
+        import torch
+
+        if bank:
+            rows = torch.stack(bank + [head], -2)  # [B, T, R, hidden]
+            scores = self._rms(rows, self.w[p + "norm.weight"]) @ self.w[p + "proj.weight"][0]
+            head = (scores.softmax(-1).unsqueeze(-1) * rows).sum(-2)
+        return self._rms(head, self.w[norm])
 
     def forward(self, ids: "torch.Tensor", cache: Optional[List[dict]] = None):
         """ids [B, T] -> (logits [B, T, VOCAB] float64, cache to continue from)."""
         cache = cache if cache is not None else [{} for _ in self.spec.layers]
         h = self.w["model.embed_tokens.weight"][ids.to(self.device)]
-        for layer, kind in enumerate(self.spec.layers):
+        if self.spec.attn_res_block:
+            return self._forward_attn_res(h, cache), cache
+        for layer in range(len(self.spec.layers)):
             p = f"model.layers.{layer}."
-            attn = self._kda if kind == "kda" else self._mla
-            h = h + attn(self._rms(h, self.w[p + "input_layernorm.weight"]), p + "self_attn.", cache[layer])
+            h = h + self._attn(self._rms(h, self.w[p + "input_layernorm.weight"]), layer, cache[layer])
             h = h + self._mlp(self._rms(h, self.w[p + "post_attention_layernorm.weight"]), layer)
         h = self._rms(h, self.w["model.norm.weight"])
         return h @ self.w["lm_head.weight"].T, cache
+
+    def _forward_attn_res(self, h, cache: List[dict]):
+        """Kimi-K3's attention residuals (SGLang's ``AttnResidual`` / ``AttnBankState``): every
+        read (attention input, FFN input, the final norm's input) mixes the bank of per-token
+        snapshots with the running head. Layer ``i`` with ``i % attn_res_block == 0`` snapshots its
+        attention input's head into the bank and restarts the running residual empty."""
+        bank, head = [], h
+        for layer in range(len(self.spec.layers)):
+            p = f"model.layers.{layer}."
+            x = self._read(bank, head, p + "self_attention_res_", p + "input_layernorm.weight")
+            residual = head
+            if layer % self.spec.attn_res_block == 0:
+                bank.append(head)
+                residual = None
+            a = self._attn(x, layer, cache[layer])
+            head = a if residual is None else residual + a
+            head = head + self._mlp(self._read(bank, head, p + "mlp_res_", p + "post_attention_layernorm.weight"), layer)
+        h = self._read(bank, head, "model.output_attn_res_", "model.norm.weight")
+        return h @ self.w["lm_head.weight"].T
 
     def logits(self, ids: "torch.Tensor") -> "torch.Tensor":
         """ids [B, T] (same length) -> logits [B, T, VOCAB] in float64."""
@@ -798,7 +1086,7 @@ def ensure_tiny_models(out: Optional[os.PathLike] = None, *, log=print) -> Dict[
 def main(argv: Optional[Iterable[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sglang_dspark_plugin.harness.tiny_models",
-        description="Write a Kimi-Linear test target and its DSPARK draft (missing files only).",
+        description="Write a Kimi-Linear / Kimi-K3 test target and its DSPARK draft (missing files only).",
     )
     parser.add_argument("--model", choices=sorted(SPECS), default=TINY.name, help="which pair (default: tiny)")
     parser.add_argument("--out", default=None, help=f"output dir (default: {default_out_dir()})")

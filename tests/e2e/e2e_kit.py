@@ -109,13 +109,15 @@ class Prefetcher:
 
     A server start is ~45-60 s of mostly single-threaded imports and model setup, while a server
     under test keeps about one core busy: on a 2-core machine overlapping the two saves most of
-    a start per configuration. At most one server is prefetched at a time."""
+    a start per configuration. At most one server is prefetched at a time.
+    ``DSPARK_E2E_PREFETCH=0`` turns it off (one server at a time, e.g. on a shared machine)."""
 
     def __init__(self):
         self._pending: Dict[str, tuple] = {}
+        self.enabled = os.environ.get("DSPARK_E2E_PREFETCH", "1") != "0"
 
     def start(self, name: str, args: List[str], env: Optional[Dict[str, str]] = None) -> None:
-        if name in self._pending:
+        if name in self._pending or not self.enabled:
             return
         server = make_server(name, args, env)
         holder: dict = {}
@@ -154,6 +156,20 @@ PREFETCH = Prefetcher()
 SPEC_CONFIGS_BY_NAME: Dict[str, object] = {}
 
 
+def selected_params(request, argname: str) -> list:
+    """The params of the parametrized fixture ``argname`` in the order this session's selected
+    tests use them (``-k`` and collection-time skips left out): what a module-scoped server
+    fixture prefetches next."""
+    order = []
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or argname not in callspec.params or item.get_closest_marker("skip"):
+            continue
+        if callspec.params[argname] not in order:
+            order.append(callspec.params[argname])
+    return order
+
+
 def prefetch_spec_server(index: int) -> None:
     """Start the ``index``-th speculative server of this session in the background."""
     if 0 <= index < len(SPEC_ORDER):  # (skipped configurations are not in SPEC_ORDER)
@@ -181,6 +197,14 @@ def generate(server: SGLangServer, prompt: str, max_tokens: int = MAX_TOKENS) ->
         "/generate",
         {"text": prompt, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}},
     )
+
+
+def all_at_once(server: SGLangServer, jobs, max_tokens: int = MAX_TOKENS) -> List[dict]:
+    """``jobs``: ``(request function, prompt)`` pairs (``generate``, ``completion``, ``chat``), all
+    sent at once; their results in order."""
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = [pool.submit(fn, server, prompt, max_tokens) for fn, prompt in jobs]
+        return [f.result(timeout=900) for f in futures]
 
 
 def generate_all_at_once(server: SGLangServer, prompts=PROMPTS) -> Dict[str, dict]:
@@ -264,6 +288,35 @@ def raw_post(server: SGLangServer, path: str, payload: dict, timeout: float = 30
         return status, body.decode(errors="replace")
 
 
+
+
+def speculation_row(prompt: str, meta: dict) -> dict:
+    """A /generate response's speculation statistics (a row of the terminal summary)."""
+    return dict(
+        prompt=prompt,
+        verify_ct=meta.get("spec_verify_ct", 0),
+        accept_length=meta.get("spec_accept_length", 0.0),
+        correct=meta.get("spec_num_correct_drafts"),
+        proposed=meta.get("spec_num_proposed_drafts"),
+        histogram=meta.get("spec_correct_drafts_histogram"),
+    )
+
+
+def assert_speculation_consistent(meta: dict, gamma: int, max_tokens: int = MAX_TOKENS) -> int:
+    """A speculative /generate response's meta_info reports verify steps and a consistent
+    accepted-draft histogram; returns its verify steps that accepted a draft token (more than the
+    bonus token)."""
+    verify_ct = meta.get("spec_verify_ct", 0)
+    assert verify_ct >= 1, f"no verify step reported: {meta}"
+    hist = meta.get("spec_correct_drafts_histogram") or []
+    assert len(hist) <= gamma + 1, meta
+    assert sum(hist) == verify_ct, meta  # one histogram entry per verify step
+    assert meta["spec_num_correct_drafts"] == sum(i * n for i, n in enumerate(hist)), meta
+    assert meta["spec_num_proposed_drafts"] == verify_ct * gamma, meta
+    # every verify step commits accepted drafts + 1 bonus token; the prefill gives one more
+    assert verify_ct + meta["spec_num_correct_drafts"] <= max_tokens, meta
+    assert abs(meta["spec_accept_length"] - max_tokens / verify_ct) < 1e-6, meta
+    return sum(hist[1:])
 
 
 @dataclass

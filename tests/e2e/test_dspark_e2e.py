@@ -47,6 +47,7 @@ from e2e_kit import (
     SPEC_STATS,
     STREAM_PROMPTS,
     assert_served_by_plugin,
+    assert_speculation_consistent,
     chat,
     chat_stream,
     completion,
@@ -55,6 +56,7 @@ from e2e_kit import (
     make_server,
     prefetch_spec_server,
     raw_post,
+    speculation_row,
     start_server,
     stop_server,
 )
@@ -205,29 +207,10 @@ def test_speculation_exercised(spec):
     rows.clear()
     for prompt, out in spec.generate_results().items():
         meta = out["meta_info"]
-        rows.append(
-            dict(
-                prompt=prompt,
-                verify_ct=meta.get("spec_verify_ct", 0),
-                accept_length=meta.get("spec_accept_length", 0.0),
-                correct=meta.get("spec_num_correct_drafts"),
-                proposed=meta.get("spec_num_proposed_drafts"),
-                histogram=meta.get("spec_correct_drafts_histogram"),
-            )
-        )
-        verify_ct = meta.get("spec_verify_ct", 0)
-        assert verify_ct >= 1, f"no verify step reported for {prompt!r}: {meta}"
-        hist = meta.get("spec_correct_drafts_histogram") or []
-        assert len(hist) <= gamma + 1, meta
-        assert sum(hist) == verify_ct, meta  # one histogram entry per verify step
-        assert meta["spec_num_correct_drafts"] == sum(i * n for i, n in enumerate(hist)), meta
-        assert meta["spec_num_proposed_drafts"] == verify_ct * gamma, meta
-        # every verify step commits accepted drafts + 1 bonus token; the prefill gives one more
-        assert verify_ct + meta["spec_num_correct_drafts"] <= MAX_TOKENS, meta
-        assert meta["spec_accept_length"] == pytest.approx(MAX_TOKENS / verify_ct), meta
+        rows.append(speculation_row(prompt, meta))
+        accepted_any += assert_speculation_consistent(meta, gamma)
         if spec.config.ragged_mode != "static":
             assert "spec_cap_length" in meta, meta
-        accepted_any += sum(hist[1:])
         shortest_window = min(shortest_window, meta.get("spec_cap_length", gamma + 1))
     assert accepted_any >= 1, "no verify step accepted more than the bonus token"
     if spec.config.sps_table:

@@ -4,7 +4,7 @@ configuration of both test models, each compared with **stock SGLang without spe
 What one run does (``python -m pytest tests/gpu``, on the H200 rig: docs/guide/gpu-serving.md):
 
 1. Writes the test models if missing (``harness.tiny_models``: ``tiny`` and the Kimi-Linear-shaped
-   ``kimi32``, 32 KDA heads) and picks ``NUM_PROMPTS`` prompts per model: seeded random token ids
+   ``kimi32``, 32 KDA heads; ``k3-12h``, one TP8 rank of Kimi-K3, with ``DSPARK_GPU_E2E_MODELS``) and picks ``NUM_PROMPTS`` prompts per model: seeded random token ids
    whose greedy continuation under the float64 reference (``ReferenceTarget``, an independent
    forward) has a top-1/top-2 logit margin of at least ``MIN_MARGIN`` at every one of the
    ``OUTPUT_LEN`` tokens, so that bf16 rounding differences between two correct implementations
@@ -18,7 +18,14 @@ What one run does (``python -m pytest tests/gpu``, on the H200 rig: docs/guide/g
 
 The servers use CUDA graphs (``--cuda-graph-bs-decode``), the overlap scheduler and SGLang's
 default radix cache strategy (``extra_buffer``, with a track point every 64 tokens instead of
-256 so that short requests reach one): what a GPU deployment runs.
+256 so that short requests reach one): what a GPU deployment runs. The Kimi-K3 models are the
+exception (``Served.radix_cache``): they serve without a radix cache and skip the prefix-hit phase.
+
+Kimi-K3 models (``k3_configs``, one wave of six servers on an 80 GB GPU): decode, DSPARK block size
+3 on the lazy record ring with the output gate on and off (``SGLANG_DSPARK_OUTPUT_GATE=0``), block
+size 7 with real ragged compact windows, snapshot and ReplaySSM (fold) commit. At 12 KDA heads per
+rank the plugin's decode and verify kernels apply K3's gated output RMSNorm themselves
+(``Served.fuses_output_gate``), which the tests read from the kernels' first-use log lines.
 """
 
 from __future__ import annotations
@@ -38,7 +45,10 @@ from sglang_dspark_plugin.harness import tiny_models
 from sglang_dspark_plugin.harness.serving import PREFILL_GRAPH_ARGS, SGLangServer, tiny_model_args
 from sglang_dspark_plugin.settings import LAZY_RECORDS_MAX_WINDOW, gpu_available
 
-# Harness dry run without a GPU (the tiny model only, small workload): checks this kit, not the GPU.
+from served_log import OUTPUT_GATE_ENV
+
+# Harness dry run without a GPU (the tiny model unless DSPARK_GPU_E2E_MODELS says, small
+# workload): checks this kit, not the GPU.
 ON_CPU = not gpu_available()
 
 OUTPUT_LEN = 8 if ON_CPU else 32
@@ -72,7 +82,7 @@ def _default_parallel() -> int:
 
 PARALLEL = int(os.environ.get("DSPARK_GPU_E2E_PARALLEL", "0")) or _default_parallel()
 LOG_DIR = Path(os.environ.get("DSPARK_GPU_E2E_LOG_DIR", "/tmp/dspark-gpu-e2e"))
-MODELS = ["tiny"] if ON_CPU else os.environ.get("DSPARK_GPU_E2E_MODELS", "kimi32,tiny").split(",")
+MODELS = os.environ.get("DSPARK_GPU_E2E_MODELS", "tiny" if ON_CPU else "kimi32,tiny").split(",")
 # Tensor parallelism of every server (TP=2: 16 KDA heads per rank on kimi32; needs 2 GPUs, and
 # then PARALLEL servers share them). Above 1 the fleet also serves stock at TP=1 (``stock-tp1``):
 # the plugin is then judged against stock at both.
@@ -113,6 +123,7 @@ class Served:
     prefill_graph: bool = False  # SGLang's breakable prefill CUDA graph (off for KDA models by default)
     buffered_decode: Optional[str] = None  # SGLANG_DSPARK_BUFFERED_DECODE; None = the default (factored)
     tp: Optional[int] = None  # --tp-size; None = TP_SIZE
+    output_gate: bool = True  # False: SGLANG_DSPARK_OUTPUT_GATE=0 (a K3 model applies its o_norm itself)
 
     @property
     def tp_size(self) -> int:
@@ -126,6 +137,22 @@ class Served:
     def spec(self) -> tiny_models.ModelSpec:
         return tiny_models.SPECS[self.model]
 
+    @property
+    def radix_cache(self) -> bool:
+        """Whether the server keeps SGLang's Mamba radix cache. SGLang 0.5.23 resolves its
+        strategy (extra_buffer) by architecture name, and its list has Kimi-K3's multimodal wrapper
+        but not the K3 text stack the K3 test models are (it refuses an explicit
+        ``--mamba-radix-cache-strategy extra_buffer`` for them): they serve without one."""
+        return not self.spec.k3
+
+    @property
+    def fuses_output_gate(self) -> bool:
+        """The plugin's decode / verify kernels apply the K3 gated output norm: a K3 model at 12
+        KDA heads per rank (SGLang offers the gate only there), gate not turned off."""
+        per_rank = self.spec.kda_heads // self.tp_size
+        return (self.backend == "dspark" and self.spec.k3 and per_rank == tiny_models.K3_HEADS_PER_RANK
+                and self.output_gate)
+
     def skip_reason(self) -> Optional[str]:
         if self.sps_table and stock_backend() == "triton":
             return "ragged verify windows need an MLA delegate that reads them (fa3/flashinfer); DSPARK-E004"
@@ -136,13 +163,16 @@ class Served:
         if self.sps_table:
             table = tiny_models.default_out_dir() / self.spec.draft_dir / tiny_models.SPS_TABLE_FILE
             extra += ["--speculative-dspark-sps-table-path", str(table)]
-        if self.decode_ring:  # SGLang requires the no_buffer radix strategy (no overlap) for it
+        if not self.radix_cache:
+            extra += ["--disable-radix-cache"]
+        elif self.decode_ring:  # SGLang requires the no_buffer radix strategy (no overlap) for it
             extra += ["--enable-linear-replayssm", "--linear-replayssm-cache-len", "16"]
             if not ON_CPU:
                 extra += ["--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule"]
         elif ON_CPU:  # the GPU's default radix strategy (CPU device gates 7 and 8)
             extra += ["--mamba-radix-cache-strategy", "extra_buffer"]
-        extra += ["--mamba-track-interval", str(TRACK_INTERVAL)]
+        if self.radix_cache:
+            extra += ["--mamba-track-interval", str(TRACK_INTERVAL)]
         if not ON_CPU:
             extra += [
                 "--cuda-graph-bs-decode", *map(str, CUDA_GRAPH_BS),
@@ -166,6 +196,8 @@ class Served:
             env["SGLANG_DSPARK_LAZY_RECORDS"] = self.lazy_records
         if self.buffered_decode is not None:
             env["SGLANG_DSPARK_BUFFERED_DECODE"] = self.buffered_decode
+        if not self.output_gate:
+            env[OUTPUT_GATE_ENV] = "0"
         if self.tp_size > 1:  # the fleet's servers share the GPUs: SGLang would refuse a rank
             env["SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"] = "0"  # whose GPU has less free memory
         return env
@@ -173,9 +205,9 @@ class Served:
     @property
     def lazy(self) -> bool:
         """The lazy record ring runs: turned on, ReplaySSM with the default extra_buffer radix cache
-        (the CPU dry run's no_buffer radix cache keeps it off) and windows up to
+        or none (the CPU dry run's no_buffer radix cache keeps it off) and windows up to
         LAZY_RECORDS_MAX_WINDOW (any window with ``lazy_records="all"``)."""
-        return (self.replayssm and self.lazy_records in (None, "1", "all") and not ON_CPU
+        return (self.replayssm and self.lazy_records in (None, "1", "all") and (not ON_CPU or not self.radix_cache)
                 and (self.lazy_records == "all" or self.gamma + 1 <= LAZY_RECORDS_MAX_WINDOW))
 
     def expected_kernels(self) -> List[str]:
@@ -189,8 +221,33 @@ class Served:
             return ["mtp_verify (ring)", "replayssm_fold"]
         return ["mtp_verify (snapshot)"]
 
+    def gated_kernels(self) -> List[str]:
+        """Of ``expected_kernels``, the decode / verify kernel (the one that may apply the output
+        gate); the commit kernels never do."""
+        return [k for k in self.expected_kernels() if k.startswith(("decode", "mtp_verify"))]
+
+
+def k3_configs(model: str) -> List[Served]:
+    """A Kimi-K3 model's servers (one wave of six on an 80 GB GPU): stock; decode; gamma 3 on the
+    lazy record ring (the default), output gate on and off; gamma 7 with ragged compact windows
+    (SPS table), snapshot and ReplaySSM commit (the fold: the lazy ring is off at 8-token windows)."""
+    out = [
+        Served(model, "stock", "stock"),
+        *([Served(model, STOCK_TP1, "stock", tp=1)] if TP_SIZE > 1 else []),
+        Served(model, "dspark-decode", "dspark"),
+        Served(model, "dspark-g3-replayssm-static", "dspark", 3, True),
+        Served(model, "dspark-g3-replayssm-static-gate-off", "dspark", 3, True, output_gate=False),
+        Served(model, "dspark-g7-snapshot-compact", "dspark", 7, False, ragged="compact", sps_table=True),
+        Served(model, "dspark-g7-replayssm-compact", "dspark", 7, True, ragged="compact", sps_table=True),
+    ]
+    if ONLY_CONFIGS:
+        out = [s for s in out if s.name in ("stock", STOCK_TP1) or s.name in ONLY_CONFIGS]
+    return out
+
 
 def configs(model: str) -> List[Served]:
+    if tiny_models.SPECS[model].k3:
+        return k3_configs(model)
     out = [
         Served(model, "stock", "stock"),
         *([Served(model, STOCK_TP1, "stock", tp=1)] if TP_SIZE > 1 else []),
@@ -254,9 +311,11 @@ def branch_prompt(prompt: List[int], turn1: List[int]) -> List[int]:
     return (prompt + turn1)[:TRACK_INTERVAL] + prompt[:1]
 
 
-def robust_prompts(spec: tiny_models.ModelSpec, n: int = NUM_PROMPTS, batch: int = 256) -> Prompts:
+def robust_prompts(spec: tiny_models.ModelSpec, n: int = NUM_PROMPTS, batch: int = 256,
+                   branches: bool = True) -> Prompts:
     """The first ``n`` seeded random prompts (emittable tokens) whose float64 greedy continuation
-    keeps a margin of ``MIN_MARGIN`` at every token (module docstring)."""
+    keeps a margin of ``MIN_MARGIN`` at every token (module docstring); with ``branches`` also the
+    prefix-hit phase's conversations."""
     from safetensors.torch import load_file
 
     model_dir = tiny_models.default_out_dir() / spec.target_dir
@@ -277,7 +336,7 @@ def robust_prompts(spec: tiny_models.ModelSpec, n: int = NUM_PROMPTS, batch: int
             out.reference.append(tokens[row].tolist())
             out.min_margin.append(float(margins[row].min()))
     tried = 0
-    while len(out.turn1) < min(BRANCH_PROMPTS, n):  # both requests of a conversation robust
+    while branches and len(out.turn1) < min(BRANCH_PROMPTS, n):  # both requests of a conversation robust
         if tried >= 64 * n:
             raise RuntimeError(f"only {len(out.turn1)} conversations without near-ties in {tried}")
         ids = emittable[torch.randint(len(emittable), (batch, TURN1_PROMPT_LEN), generator=gen)]
@@ -336,12 +395,13 @@ def _all_at_once(server: SGLangServer, ids: List[List[int]], logprobs: bool, max
         return [f.result(timeout=900) for f in futures]
 
 
-def run_workload(server: SGLangServer, prompts: Prompts, logprobs: bool) -> dict:
+def run_workload(server: SGLangServer, prompts: Prompts, logprobs: bool, branches: bool = True) -> dict:
     """Requests of one server: ``wave64`` (every prompt once, then repeats, all at once),
     ``wave5`` (prompts 0..4 at once), ``openai`` (two /v1/completions, one at a time), then
     ``turn1`` (the BRANCH_PROMPTS conversations' first requests, TURN1_LEN tokens, at once) and
     ``branch`` (their branches at the track point, at once). Each /generate row is keyed by its
-    prompt index (of ``prompts.ids``; of ``prompts.turn1`` in the last two)."""
+    prompt index (of ``prompts.ids``; of ``prompts.turn1`` in the last two). ``branches=False``:
+    no prefix-hit phase (a server without a radix cache)."""
     n = len(prompts.ids)
     wave = [i % n for i in range(max(CONCURRENCY, n))]
     result: dict = {}
@@ -349,6 +409,8 @@ def run_workload(server: SGLangServer, prompts: Prompts, logprobs: bool) -> dict
         rows = _all_at_once(server, [prompts.ids[i] for i in order], logprobs, OUTPUT_LEN)
         result[name] = [dict(prompt=i, **row) for i, row in zip(order, rows)]
     result["openai"] = [dict(prompt=i, **_completion(server, prompts.ids[i])) for i in (0, 1)]
+    if not branches:
+        return result
     first = list(range(len(prompts.turn1)))
     turn1 = _all_at_once(server, prompts.turn1, logprobs, TURN1_LEN)
     result["turn1"] = [dict(prompt=i, **row) for i, row in zip(first, turn1)]
@@ -385,7 +447,8 @@ def _serve(served: Served, prompts: Prompts, gate: threading.Semaphore) -> Run:
             server.start()
             run.startup_s = server.startup_seconds
             t0 = time.monotonic()
-            run.results = run_workload(server, prompts, logprobs=served.backend == "stock")
+            run.results = run_workload(server, prompts, logprobs=served.backend == "stock",
+                                       branches=served.radix_cache)
             run.workload_s = time.monotonic() - t0
         except BaseException as exc:  # noqa: BLE001 - reported by the tests
             run.error = f"{type(exc).__name__}: {exc}"[-4000:]
@@ -411,7 +474,7 @@ def run_fleet(models: List[str]) -> tuple:
         spec = tiny_models.SPECS[model]
         tiny_models.ensure_models(spec, log=lambda m: print(f"[models] {m}", flush=True))
         t0 = time.monotonic()
-        prompts[model] = robust_prompts(spec)
+        prompts[model] = robust_prompts(spec, branches=not spec.k3)  # K3: no radix cache (Served)
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         (LOG_DIR / f"prompts-{model}.json").write_text(json.dumps(prompts[model].__dict__))
         print(f"[prompts] {model}: {len(prompts[model].ids)} of {prompts[model].candidates} candidates "

@@ -1,6 +1,7 @@
 """GPU end to end: ``--attention-backend dspark`` (with and without DSPARK speculation) served by
-real SGLang on one GPU, for the tiny model and the Kimi-Linear-shaped 32-head model, against
-**stock SGLang without speculation** (the same MLA backend, SGLang's own KDA kernels).
+real SGLang on one GPU, for the tiny model and the Kimi-Linear-shaped 32-head model (and, with
+``DSPARK_GPU_E2E_MODELS=k3-12h``, one TP8 rank of Kimi-K3), against **stock SGLang without
+speculation** (the same MLA backend, SGLang's own KDA kernels).
 
 Per configuration (gpu_kit.configs: decode; gamma 3 and 7; snapshot and ReplaySSM commit; static
 and compact verify, compact with real ragged windows):
@@ -14,7 +15,11 @@ and compact verify, compact with real ragged windows):
 * speculation accepted drafts; compact verify used windows shorter than gamma + 1;
 * the server captured CUDA graphs, built the dspark backend, logged no fallback to SGLang's KDA
   path, and ran the plugin's decode / verify / fold kernels (their first-use log lines); the stock
-  server logged none of the plugin's lines (the plugin is inert unless selected).
+  server logged none of the plugin's lines (the plugin is inert unless selected);
+* Kimi-K3 at 12 KDA heads per rank: the decode / verify kernel applied K3's gated output RMSNorm
+  (its line ends in `` + output gate``), except with ``SGLANG_DSPARK_OUTPUT_GATE=0``; on every
+  other model and head count it never did (K3 models serve without a radix cache: no prefix-hit
+  phase, ``gpu_kit.Served.radix_cache``).
 
 With ``DSPARK_GPU_E2E_TP=2`` every server runs at ``--tp-size 2`` (16 KDA heads per rank on
 kimi32) except ``stock-tp1``, stock at TP=1: the plugin's outputs must then equal stock's at TP=2
@@ -32,7 +37,7 @@ import pytest
 
 from gpu_kit import (GRAPH_CAPTURED_MARK, MODELS, ON_CPU, STOCK_TP1, TP_SIZE, TRACK_INTERVAL, configs,
                      divergence)
-from served_log import assert_not_served_by_plugin, assert_served_by_plugin, ranks_that_ran
+from served_log import assert_not_served_by_plugin, assert_output_gate, assert_served_by_plugin, ranks_that_ran
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
 
@@ -136,6 +141,8 @@ def test_branch_from_a_committed_state_lossless(fleet, served):
     snapshot mode). Both equal stock's, whose branch was served from its own cached state. A
     near-tie flip in turn 1 makes the branch's prompt differ from stock's: that branch is not
     compared, and the prompt counts against MAX_NEAR_TIE_PROMPTS."""
+    if not served.radix_cache:
+        pytest.skip("served without a radix cache (gpu_kit.Served.radix_cache)")
     run, base = _run(fleet, served), _baseline(fleet, served)
     if served.prefill_graph:
         _stock_prefill_graph_verdict(fleet, served, base)
@@ -214,6 +221,13 @@ def test_speculation_accepted_drafts(fleet, served):
 @pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)
 def test_plugin_kernels_ran_without_fallback(fleet, served):
     assert_served_by_plugin(_run(fleet, served).log, served.expected_kernels())
+
+
+@pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)
+def test_output_gate_fused_exactly_where_offered(fleet, served):
+    """The decode / verify kernel applied K3's gated output norm (`` + output gate``) on a K3 model
+    at 12 KDA heads per rank with the gate on, and nowhere else (Kimi-Linear offers no gate)."""
+    assert_output_gate(_run(fleet, served).log, served.gated_kernels(), fused=served.fuses_output_gate)
 
 
 @pytest.mark.parametrize("model", MODELS)
