@@ -25,8 +25,9 @@ case "$cmd" in
     if [ "${2:-}" = "--last" ]; then
       # shellcheck disable=SC1091
       source .rig/sglang-gpu-env.sh "$PWD" || exit 1
-      python3 -m sglang_dspark_plugin.harness.tiny_models --model kimi32 || exit 1
-      python3 -m sglang_dspark_plugin.harness.tiny_models --model tiny || exit 1
+      for model in ${RIG_MODELS:-kimi32 tiny}; do  # the test models the calls will serve
+        python3 -m sglang_dspark_plugin.harness.tiny_models --model "$model" || exit 1
+      done
     fi
     exit 0 ;;
 esac
