@@ -72,8 +72,7 @@ class ONorm:
     """SGLang's ``o_norm`` of a K3 KDA layer: ``FusedRMSNormGated(128, eps, activation="sigmoid")``."""
 
     def __init__(self, weight_bf16):
-        from sglang.kernels.ops.attention.fla.fused_norm_gate import FusedRMSNormGated
-
+        FusedRMSNormGated = UP.m["norm_gate"].FusedRMSNormGated  # installed or staged (upstream_kernels)
         self.mod = FusedRMSNormGated(HEAD, eps=EPS, activation="sigmoid").to(BK.DEV)
         self.mod.weight.data = weight_bf16.clone()
 
@@ -189,7 +188,7 @@ def run_point(H, N, T, rep, rows, notes):
                 timed("sglang fused", lambda inst: fused(inst, pool))
             else:
                 notes.append(f"H={H}: SGLang's kda_fused_decode does not cover these shapes (heads 3, 6, 12 only)")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 (e.g. the staged kernels alone: no SGLang JIT runtime)
             notes.append(f"H={H}: SGLang's kda_fused_decode unavailable: {type(e).__name__}: {str(e)[:300]}")
     else:
         accs = insts[0]["acc_steps"][:1] or [insts[0]["acc"]]
@@ -233,6 +232,9 @@ def main():
     parser.add_argument("--T", default="1,4,8")
     parser.add_argument("--rep", type=int, default=30, help="do_bench milliseconds per timing")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--upstream-root", default=None,
+                        help="staged SGLang kernels (benchmarks/prepare_upstream.sh; default .whl/upstream, "
+                             "else the installed sglang)")
     args = parser.parse_args()
     if BK.INTERPRET:
         raise SystemExit("bench_output_gate.py needs a CUDA GPU")
@@ -240,7 +242,7 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     import upstream_kernels as U
 
-    mods, source, errors = U.load_sglang(None)
+    mods, source, errors = U.load_sglang(args.upstream_root)
     UP = BK.Upstream(mods, None)
     notes = [f"upstream: {source}; loaded {sorted(mods)}" + (f"; errors {errors}" if errors else "")]
     env = BK.environment(sys.argv)

@@ -16,6 +16,7 @@ kernels/ops/attention/linear/fused_kda_conv_recurrent_verify.py
 kernels/ops/attention/linear/kda_replayssm_spec_decode.py
 kernels/ops/attention/linear/fused_recurrent_linear_replayssm.py
 kernels/ops/attention/fla/fused_recurrent.py
+kernels/ops/attention/fla/fused_norm_gate.py
 kernels/ops/attention/fla/op.py
 kernels/ops/attention/fla/utils.py"
 SRC=$($PY -c 'import os, sglang; print(os.path.dirname(sglang.__file__))' 2>/dev/null || true)

@@ -31,6 +31,7 @@ FILES = {
     "fold": "sglang.kernels.ops.attention.linear.kda_replayssm_spec_decode",
     "replayssm_decode": "sglang.kernels.ops.attention.linear.fused_recurrent_linear_replayssm",
     "packed_decode": "sglang.kernels.ops.attention.fla.fused_recurrent",
+    "norm_gate": "sglang.kernels.ops.attention.fla.fused_norm_gate",  # Kimi-K3's o_norm
 }
 
 
@@ -47,12 +48,15 @@ def _install_stubs():
     sm = (torch.cuda.get_device_capability()[0] * 10 + torch.cuda.get_device_capability()[1]
           if torch.cuda.is_available() else 90)
     _stub("sglang.kernels.jit")
-    ju = _stub("sglang.kernels.jit.utils", is_arch_support_pdl=lambda: major >= 9, is_hip_runtime=lambda: False)
+    cap = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0)
+    ju = _stub("sglang.kernels.jit.utils", is_arch_support_pdl=lambda: major >= 9, is_hip_runtime=lambda: False,
+               get_jit_cuda_arch=lambda: types.SimpleNamespace(major=cap[0], minor=cap[1]))
     sys.modules["sglang.kernels.jit"].utils = ju
     _stub("sglang.srt")
     su = _stub("sglang.srt.utils", get_device_sm=lambda: sm, is_cuda=lambda: True, is_gfx95_supported=lambda: False,
                is_hip=lambda: False, is_sm90_supported=lambda: major == 9, is_cpu=lambda: False,
-               is_npu=lambda: False, is_xpu=lambda: False)
+               is_npu=lambda: False, is_xpu=lambda: False, cpu_has_amx_support=lambda: False,
+               cdiv=lambda a, b: -(-a // b), next_power_of_2=lambda n: 1 << (max(n, 1) - 1).bit_length())
     rel = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
     sc = _stub("sglang.srt.utils.common", torch_release=rel)
     su.common = sc
