@@ -5,13 +5,15 @@
 #   bash benchmarks/gpu_rig.sh e2e [pytest args]   GPU end-to-end tests (tests/gpu, kimi32 unless
 #                                                  DSPARK_GPU_E2E_MODELS says); logs -> $OUT
 #   bash benchmarks/gpu_rig.sh bench [args]        benchmarks/bench_serving.py; results -> $OUT
+#   bash benchmarks/gpu_rig.sh soak [args]         benchmarks/soak.py (2,000 mixed requests, four
+#                                                  servers); soak.json / soak.md and logs -> $OUT
 #
 # e2e/bench need every part staged on this (still warm) machine and .rig/sglang-gpu-env.sh
 # (a copy of ../shared/device/sglang-gpu-env.sh in the ignored, carried folder .rig). The Triton
 # cache lives in /tmp/triton-cache for the machine's life; with .rig/triton-cache.tgz (brought back
 # by an earlier call) a fresh machine skips most of the Triton JIT.
 set -uo pipefail
-cmd=${1:?usage: gpu_rig.sh stage N | e2e | bench}
+cmd=${1:?usage: gpu_rig.sh stage N | e2e | bench | soak}
 shift
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -91,6 +93,14 @@ case "$cmd" in
     stop_leftovers
     find /tmp/bench-serving -name '*.json*' -path '*profile*' -delete
     tar -C /tmp -czf "$OUT/bench-serving-logs.tgz" bench-serving
+    save_cache
+    exit "$rc" ;;
+  soak)
+    # its own limit, below the call's: the logs below must still be packed when it is cut short
+    timeout -s INT "${SOAK_TIMEOUT:-540}" python3 benchmarks/soak.py --out "$OUT" --log-dir /tmp/soak "$@"
+    rc=$?
+    stop_leftovers
+    tar -C /tmp -czf "$OUT/soak-logs.tgz" soak
     save_cache
     exit "$rc" ;;
   *) echo "unknown command $cmd" >&2; exit 2 ;;
