@@ -101,11 +101,13 @@ def log_uniform(rng: random.Random, lo: int, hi: int) -> int:
 
 def make_workload(n: int, *, seed: int, prompt: tuple, output: tuple, tokens: List[int], drop: float = 0.10,
                   branch: float = 0.20, malformed: float = 0.01) -> List[Request]:
-    """``n`` requests (module docstring): ``round(fraction * n)`` of each special kind (at least one
-    of each from 10 requests on), in a seeded random order whose first request is a plain one.
+    """``n`` requests (module docstring): ``round(fraction * n)`` of each special kind (from 10
+    requests on at least one of each, and every kind of MALFORMED), in a seeded random order whose
+    first request is a plain one.
     ``prompt`` / ``output``: (min, max) lengths; ``tokens``: the token ids prompts are drawn from."""
     rng = random.Random(seed)
-    counts = {k: round(f * n) if n < 10 else max(1, round(f * n))
+    least = dict(drop=1, branch=1, malformed=len(MALFORMED))
+    counts = {k: round(f * n) if n < 10 else max(least[k], round(f * n))
               for k, f in (("drop", drop), ("branch", branch), ("malformed", malformed))}
     kinds = [k for k, c in counts.items() for _ in range(c)]
     kinds += ["complete"] * (n - len(kinds))

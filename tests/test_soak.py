@@ -58,6 +58,7 @@ def test_workload_mix_and_lengths():
             assert 1 <= r.drop_after <= r.max_new_tokens // 2 and r.max_new_tokens >= 4
     small = soak.make_workload(24, seed=1, prompt=(8, 48), output=(1, 8), tokens=TOKENS)
     assert all(sum(r.kind == k for r in small) >= 1 for k in soak.KINDS)
+    assert {r.malformed for r in small if r.kind == "malformed"} == set(soak.MALFORMED)
 
 
 def asdict_key(r):
@@ -164,14 +165,14 @@ def fake_server():
 
 def test_client_against_a_fake_server(fake_server):
     reqs = soak.make_workload(60, seed=3, prompt=(8, 40), output=(4, 12), tokens=[t for t in TOKENS if t != 13])
-    reqs[5].input_ids[0] = 13  # the fake's "server bug": a 500
-    assert reqs[5].kind != "malformed"
+    bug = next(r.index for r in reqs[1:] if r.kind == "complete")
+    reqs[bug].input_ids[0] = 13  # the fake's "server bug": a 500
     run = soak.run_workload(fake_server, reqs, concurrency=4, logprobs=True, context_len=64, vocab=500)
     rows = run["rows"]
     assert [r["index"] for r in rows] == list(range(60))
-    assert rows[5]["status"] == 500
+    assert rows[bug]["status"] == 500
     for req, row in zip(reqs, rows):
-        if req.index == 5:
+        if req.index == bug:
             continue
         if req.kind == "malformed":
             assert 400 <= row["status"] < 500, (req.malformed, row)
