@@ -347,17 +347,26 @@ def idle_state(base_url: str, wait_s: float = IDLE_WAIT_S) -> dict:
         time.sleep(2.0)
 
 
-def gpu_memory_mib(server: SGLangServer) -> Optional[float]:
-    """GPU memory of the server's processes (``nvidia-smi``), None without a GPU."""
+def _nvidia_smi(query: str) -> List[List[str]]:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
+        return []
+    return [[field.strip() for field in line.split(",")] for line in out.splitlines() if line.strip()]
+
+
+def gpu_memory_mib(server: SGLangServer) -> Optional[float]:
+    """GPU memory of the server's processes (``nvidia-smi``); where the GPU lists no process of
+    this machine's (a container's own process ids), the memory used on the first GPU, every
+    server's together (flat as well when this one is); None without a GPU."""
     pids = set(group_members(server.pgid)) if server.pgid else set()
-    used = [float(mib) for pid, mib in (line.split(",") for line in out.splitlines() if "," in line)
-            if int(pid) in pids]
-    return sum(used) if used else None
+    used = [float(mib) for pid, mib in _nvidia_smi("--query-compute-apps=pid,used_memory")
+            if pid.isdigit() and int(pid) in pids]
+    if used:
+        return sum(used)
+    device = _nvidia_smi("--query-gpu=memory.used")
+    return float(device[0][0]) if device else None
 
 
 MEMORY_GROWTH_MIB = 256.0  # allowed growth over the second half of a run
@@ -384,8 +393,8 @@ def verdicts(name: str, run: dict, requests: List[Request], comparison: Optional
         "alive": run.get("alive", False),
         "no leak": run.get("idle", {}).get("idle", False) and run.get("leak_lines", 1) == 0,
     }
-    if run.get("memory_flat") is not None:
-        out["GPU memory flat"] = run["memory_flat"]
+    if run.get("gpu"):
+        out["GPU memory flat"] = run.get("memory_flat") is True
     if run.get("lazy_ring_expected") is not None:
         out["lazy ring as expected"] = run.get("lazy_ring") == run["lazy_ring_expected"]
     if plugin and comparison is not None:
@@ -441,7 +450,7 @@ def server_args(spec: ServerSpec, args, model: tiny_models.ModelSpec, gpu: bool)
 
 
 def run_server(spec: ServerSpec, server: SGLangServer, requests: List[Request], args, context_len: int,
-               vocab: int) -> dict:
+               vocab: int, gpu: bool) -> dict:
     """The workload against a started server, then its health: alive, idle with nothing held, no
     leak line in its log, GPU memory at every tenth of the run."""
     log_offset = len(server.log_text())
@@ -455,7 +464,7 @@ def run_server(spec: ServerSpec, server: SGLangServer, requests: List[Request], 
                        context_len=context_len, vocab=vocab, on_progress=progress)
     run["idle"] = idle_state(server.base_url)
     memory.append(gpu_memory_mib(server))
-    run["gpu_memory_mib"] = memory
+    run["gpu"], run["gpu_memory_mib"] = gpu, memory
     run["memory_flat"] = memory_flat(memory)
     run["alive"] = server.alive() and server.healthy(timeout=120)
     log = server.log_text()
@@ -587,7 +596,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 result["servers"][spec.name] = dict(error=started[spec.name])
                 save()
                 continue
-            run = run_server(spec, servers[spec.name], requests, args, context_len, vocab)
+            run = run_server(spec, servers[spec.name], requests, args, context_len, vocab, gpu)
             if spec.name == "reference":
                 ref_rows = run["rows"]
             elif ref_rows is not None:

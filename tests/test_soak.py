@@ -210,3 +210,8 @@ def test_memory_flat_and_idle_gauges():
     assert soak.memory_flat([1000, 1500, 1900, 2000, 2010, 2020, 2030]) is True  # growth early only
     assert soak.memory_flat([1000, 1100, 1200, 1300, 1600, 1900]) is False
     assert soak.memory_flat([None, None]) is None  # no GPU
+    run = dict(rows=[], alive=True, idle={"idle": True}, leak_lines=0, gpu=True, memory_flat=None)
+    assert soak.verdicts("x", run, [], None, None, plugin=False)["GPU memory flat"] is False  # not measured
+    assert soak.verdicts("x", dict(run, memory_flat=True), [], None, None, plugin=False)["GPU memory flat"]
+    assert "GPU memory flat" not in soak.verdicts("x", dict(run, gpu=False), [], None, None, plugin=False)
+    assert not soak.verdicts("x", dict(run, leak_lines=1), [], None, None, plugin=False)["no leak"]
