@@ -505,7 +505,7 @@ def summarize(result: dict) -> str:
             str(sum(r["kind"] == "drop" for r in rows)),
             str(cmp_.get("compared", "-")), str(cmp_.get("divergences", "-")), str(cmp_.get("near_ties", "-")),
             str(len(cmp_["outside_rule"])) if cmp_ else "-",
-            f"{run['tokens_per_s']:.0f}",
+            f"{run['tokens_per_s']:.0f}" if run["tokens_per_s"] >= 10 else f"{run['tokens_per_s']:.2f}",
             f"{mem[0]:.0f}, {mem[-1]:.0f}" if mem else "-",
             "yes" if run["verdicts"].get("no leak") else "NO",
             "yes" if run["verdicts"].get("alive") else "NO",
