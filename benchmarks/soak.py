@@ -437,7 +437,8 @@ def server_args(spec: ServerSpec, args, model: tiny_models.ModelSpec, gpu: bool)
         "--mamba-radix-cache-strategy", "extra_buffer",
     ]  # fmt: skip
     if gpu:
-        extra += ["--cuda-graph-bs-decode", "1", "2", "4", "8", "16", "24", "32", "48", "64",
+        # decode graphs up to the running-request cap the pool sets (160 slots / 5 per request)
+        extra += ["--cuda-graph-bs-decode", "1", "2", "4", "8", "16", "24", "32",
                   "--sampling-backend", "pytorch"]  # fmt: skip
     if spec.backend == "stock":
         from sglang_dspark_plugin.plugin import full_attention_delegate
