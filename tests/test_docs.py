@@ -48,7 +48,7 @@ def cited_results():
                 if previous == "--tag":  # a command's run tag, not a file
                     continue
                 token = token.strip("(),;").removeprefix("benchmarks/results/")
-                if re.match(r"h[12]00_\d{4}-\d{2}-\d{2}", token):  # a dated run's file name (H200 or H100)
+                if re.match(r"(h[12]00|cpu)_\d{4}-\d{2}-\d{2}", token):  # a dated run's file name (H200, H100, CPU)
                     pattern = token
                 elif re.match(r"_(s\d_|sweep_)", token):
                     pattern = RUN_PREFIX + "*" + token
