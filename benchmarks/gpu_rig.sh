@@ -7,13 +7,15 @@
 #   bash benchmarks/gpu_rig.sh bench [args]        benchmarks/bench_serving.py; results -> $OUT
 #   bash benchmarks/gpu_rig.sh run CMD [args]      any command in the rig's environment (kernel tests,
 #                                                  benchmarks/bench_output_gate.py, ...)
+#   bash benchmarks/gpu_rig.sh soak [args]         benchmarks/soak.py (2,000 mixed requests, four
+#                                                  servers); soak.json / soak.md and logs -> $OUT
 #
 # e2e/bench need every part staged on this (still warm) machine and .rig/sglang-gpu-env.sh
 # (the staging environment script, in the ignored folder .rig). The Triton
 # cache lives in /tmp/triton-cache for the machine's life; with .rig/triton-cache.tgz (brought back
 # by an earlier call) a fresh machine skips most of the Triton JIT.
 set -uo pipefail
-cmd=${1:?usage: gpu_rig.sh stage N | e2e | bench}
+cmd=${1:?usage: gpu_rig.sh stage N | e2e | bench | soak}
 shift
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -100,6 +102,14 @@ case "$cmd" in
     timeout -s INT "${RUN_TIMEOUT:-540}" "$@"
     rc=$?
     stop_leftovers
+    save_cache
+    exit "$rc" ;;
+  soak)
+    # its own limit, below the call's: the logs below must still be packed when it is cut short
+    timeout -s INT "${SOAK_TIMEOUT:-540}" python3 benchmarks/soak.py --out "$OUT" --log-dir /tmp/soak "$@"
+    rc=$?
+    stop_leftovers
+    tar -C /tmp -czf "$OUT/soak-logs.tgz" soak
     save_cache
     exit "$rc" ;;
   *) echo "unknown command $cmd" >&2; exit 2 ;;

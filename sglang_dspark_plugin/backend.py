@@ -156,6 +156,40 @@ def layer_fallback_reason(layer, cache) -> Optional[str]:
     return None
 
 
+def _serving_mode_off_reason() -> Optional[str]:
+    """Why the server's scheduling mode keeps the lazy record ring off, or None. The ring needs
+    every request's first forward on its slot to be an extend of this backend, ordered on one
+    stream after the slot's previous owner's last commit, and the commit to run on the backend
+    whose verify wrote the records."""
+    from sglang.srt.runtime_context import get_disagg, get_exec, get_parallel, get_schedule, get_serving
+
+    disagg = get_disagg()
+    mode = disagg.disaggregation_mode or "null"
+    if mode == "decode":
+        return ("PD disaggregation, decode side (a request's first forward here is PREBUILT, not an extend: "
+                "its state arrives from the prefill server and nothing restarts the slot's records)")
+    if mode != "null":
+        return (f"PD disaggregation, {mode} side (this server runs no verify, so the ring has nothing to "
+                "defer; its slots' states go to the decode server as they are)")
+    if disagg.enable_pdmux:
+        return ("PD multiplexing (--enable-pdmux: prefills run on their own stream beside the decode stream, "
+                "so a prefill's cursor reset is not ordered after the slot's previous owner's commit)")
+    if get_exec().overlap.enable_two_batch_overlap:  # (TBO wraps the target's backends only, as this one)
+        return ("two-batch overlap (--enable-two-batch-overlap: the verify runs on TBO's two child backends "
+                "and the commit on its primary backend, which did not run that verify)")
+    if (get_parallel().pp_size or 1) > 1:
+        return "pipeline parallelism (SGLang commits stable rows itself)"
+    if get_schedule().enable_mixed_chunk:
+        return ("mixed chunks (--enable-mixed-chunk: a running request's extend would start from a "
+                "checkpoint with pending records)")
+    if get_serving().enable_streaming_session:
+        return ("streaming sessions (--enable-streaming-session: a session's next turn extends its slot "
+                "from a checkpoint with pending records)")
+    if (get_spec().speculative_eagle_topk or 1) > 1:
+        return "tree verify (speculative topk > 1)"
+    return None
+
+
 class DSparkKDAAttnBackend(KDAAttnBackend):
     """KDA backend for ``--attention-backend dspark``: dense MTP verify, decode, ReplaySSM."""
 
@@ -241,16 +275,11 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             return f"windows of {self.num_draft_tokens} tokens (the lazy kernels are tested up to {LAZY_RECORDS_TESTED_WINDOW})"
         if rawk.shape[-2] < 2 * self.num_draft_tokens:
             return f"ring length {rawk.shape[-2]} < 2 windows"
-        from sglang.srt.runtime_context import get_disagg, get_memory, get_parallel, get_schedule, get_serving
+        reason = _serving_mode_off_reason()
+        if reason is not None:
+            return reason
+        from sglang.srt.runtime_context import get_memory
 
-        if (get_disagg().disaggregation_mode or "null") != "null":
-            return "PD disaggregation (retraction backs up a slot's state without its records)"
-        if (get_parallel().pp_size or 1) > 1:
-            return "pipeline parallelism (SGLang commits stable rows itself)"
-        if get_schedule().enable_mixed_chunk or get_serving().enable_streaming_session:
-            return "mixed chunks / streaming sessions (an extend would start from a checkpoint with pending records)"
-        if (get_spec().speculative_eagle_topk or 1) > 1:
-            return "tree verify (speculative topk > 1)"
         if not getattr(self.req_to_token_pool, "enable_mamba_extra_buffer", False) and not get_memory().disable_radix_cache:
             return ("no_buffer radix cache (SGLang's finish path would cache the checkpoint under a key "
                     "shortened by the pending records, with the latest conv window)")

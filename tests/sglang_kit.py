@@ -12,6 +12,7 @@ whose ``__init__`` sets the fields the attention backends read).
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Optional
 
 import torch
 
@@ -117,7 +118,10 @@ class KDARunner(ModelRunner):
         dtype: torch.dtype = torch.bfloat16,
         max_context_len: int = 64,
         disable_radix_cache: bool = False,
+        server_args: Optional[dict] = None,
     ):
+        """``server_args``: more SGLang server arguments for the published config (a serving mode
+        such as ``disaggregation_mode="decode"``), over the ones set here."""
         self.device = device
         self.dtype = dtype
         self.kv_cache_dtype = dtype
@@ -133,7 +137,7 @@ class KDARunner(ModelRunner):
         self.page_size = 1
         hf_config = hf_config if hf_config is not None else tiny_kimi_hf_config(num_heads)
         self.model_config = TinyModelConfig(hf_config, num_heads, max_context_len)
-        self._server_args_override = get_context().override_server_args(
+        fields = dict(
             attention_backend=backend,
             chunked_prefill_size=-1,
             disable_radix_cache=disable_radix_cache,
@@ -162,6 +166,8 @@ class KDARunner(ModelRunner):
             triton_attention_split_tile_size=None,
             _mamba_cache_chunk_size=64,
         )
+        fields.update(server_args or {})
+        self._server_args_override = get_context().override_server_args(**fields)
         self.server_args = self._server_args_override.install()
         shape = KimiLinearStateShape.create(
             tp_world_size=1,

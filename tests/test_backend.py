@@ -83,7 +83,7 @@ class Setup:
     """One KDA layer on SGLang's pools, built through SGLang's construction chain."""
 
     def __init__(self, *, window: int, replayssm: bool, lower_bound=None, bias=False, backend="dspark", seed=0,
-                 dtype=DTYPE, decode_ring_len=None, disable_radix_cache=False):
+                 dtype=DTYPE, decode_ring_len=None, disable_radix_cache=False, server_args=None):
         from sglang.srt.layers.attention import attention_registry
 
         torch.manual_seed(seed)
@@ -99,6 +99,7 @@ class Setup:
             ring_len=decode_ring_len or 16,
             dtype=dtype,
             disable_radix_cache=disable_radix_cache,
+            server_args=server_args,
         )
         full = attention_registry.ATTENTION_BACKENDS[backend](self.runner)
         self.hybrid = attention_registry.attn_backend_wrapper(self.runner, full)
@@ -783,6 +784,168 @@ class _HostSyncs(TorchDispatchMode):
         self.count += func in self.SYNCS
         self.scalar_assigns += func in self.INDEX_PUTS and args[2].dim() == 0
         return func(*args, **(kwargs or {}))
+
+
+def _prefill_batch(setup, rpi, lens):
+    """A real EXTEND ``ForwardBatch`` of fresh requests (no cached prefix): ``lens[i]`` prompt
+    tokens of request ``rpi[i]``."""
+    fb = make_forward_batch(setup.runner, ForwardMode.EXTEND, rpi, lens, prefix_len=0)
+    fb.seq_lens = torch.tensor(lens, dtype=torch.int32)
+    fb.seq_lens_cpu, fb.seq_lens_sum = fb.seq_lens.clone(), sum(lens)
+    fb.extend_seq_lens, fb.extend_seq_lens_cpu = torch.tensor(lens, dtype=torch.int32), list(lens)
+    fb.extend_start_loc = torch.tensor([sum(lens[:i]) for i in range(len(lens))], dtype=torch.int32)
+    fb.extend_prefix_lens = torch.zeros(len(lens), dtype=torch.int32)
+    fb.extend_prefix_lens_cpu, fb.extend_num_tokens = [0] * len(lens), sum(lens)
+    return fb
+
+
+def test_prefill_restarts_the_records_of_exactly_its_slots():
+    """Slot reuse under the lazy record ring. Every slot starts with a nonzero cursor over ring rows
+    full of another request's records (a previous owner's pending tokens), as a reused slot does.
+    A real prefill (SGLang's extend through the hybrid backend) of two fresh requests into slots 1
+    and 3 must zero exactly those two cursors: slot 2 (not prefilled) and the others keep theirs.
+    The requests' verify must then start from the state the prefill wrote, with no records: its
+    outputs, and after the commit the checkpoint carried over the new records, equal the float64
+    sequential run from that state. Had the prefill not reset the cursors, the verify would rebuild
+    its start state from the previous owner's records."""
+    from sglang_dspark_plugin.commit import delta_ring
+    from sglang_dspark_plugin.kernels.record_ring import materialize_records
+
+    window = 4
+    setup = Setup(window=window, replayssm=True, seed=8, disable_radix_cache=True)
+    try:
+        cursor, cache = setup.linear.record_cursor, setup.cache
+        L = cache.replayssm_rawk.shape[-2]
+        assert cursor is not None and torch.count_nonzero(cursor) == 0  # the backend allocates zeros
+        stale = torch.arange(1, POOL + 2, dtype=torch.int32)  # slot s: s + 1 pending records
+        assert int(stale.max()) + window <= L  # no flush: the window goes behind the records
+        cursor.copy_(stale)
+        gen = torch.Generator().manual_seed(81)
+        cache.replayssm_rawk[0].copy_(torch.randn(cache.replayssm_rawk[0].shape, generator=gen))
+        cache.replayssm_g[0].copy_(-0.1 * torch.rand(cache.replayssm_g[0].shape, generator=gen))
+        cache.replayssm_beta[0].copy_(0.5 + torch.rand(cache.replayssm_beta[0].shape, generator=gen))
+        deltas = delta_ring(cache)
+        deltas[0].copy_(torch.randn(deltas[0].shape, generator=gen))
+
+        prefilled, slots = [0, 2], [1, 3]  # requests 0 and 2 own slots 1 and 3 (bind_requests)
+        rpi = setup.rpi[prefilled]
+        lens = [5, 3]
+        fb = _prefill_batch(setup, rpi, lens)
+        mixed_qkv, a, b = setup.tokens(sum(lens))
+        other_state = cache.temporal[0, 2].clone()
+        with torch.no_grad(), forward_context(ForwardContext(attn_backend=setup.hybrid)):
+            setup.hybrid.init_forward_metadata(fb)
+            setup.layer(fb, mixed_qkv=mixed_qkv, a=a.unsqueeze(0), b=b)
+        expected = stale.clone()
+        expected[slots] = 0
+        assert torch.equal(cursor, expected), (cursor, expected)  # exactly the prefilled slots
+        assert torch.equal(cache.temporal[0, 2], other_state)
+        s0, c0 = setup.state()  # what the prefill wrote: the verify's start state
+
+        mixed_qkv, a, b = setup.tokens(len(slots) * window)
+        out = setup.run(ForwardMode.TARGET_VERIFY, [window] * len(slots), mixed_qkv, a, b,
+                        spec_info_fn=lambda fb: dflash_verify_input(fb, window), rpi=rpi)
+        assert setup.linear.last_verify_used_plugin
+        accept = [3, 2]
+        setup.hybrid.update_mamba_state_after_mtp_verify(torch.tensor(accept) - 1, None, None, model=None)
+        now = cache.temporal.clone()
+        index = torch.tensor(slots, dtype=torch.int32)
+        materialize_records(now, cache.replayssm_rawk, cache.replayssm_g, cache.replayssm_beta, delta_ring(cache),
+                            index, cursor[index.long()], index)
+        for i, slot in enumerate(slots):
+            rows = list(range(i * window, (i + 1) * window))
+            ref_out, _, _ = setup.reference(s0, c0, mixed_qkv[rows], a[rows], b[:, rows], slot)
+            assert rel_err(out[0, rows], ref_out) <= TOLERANCE[DTYPE]["out"], (slot, rel_err(out[0, rows], ref_out))
+            kept = rows[: accept[i]]
+            _, ref_state, ref_window = setup.reference(s0, c0, mixed_qkv[kept], a[kept], b[:, kept], slot)
+            assert int(cursor[slot]) == accept[i]  # the new request's records only
+            assert rel_err(now[0, slot], ref_state) <= TOLERANCE[DTYPE]["state"], slot
+            assert rel_err(cache.conv[0][0, slot], ref_window) <= TOLERANCE[DTYPE]["conv"], slot
+        assert int(cursor[2]) == int(stale[2])  # the slot no prefill took keeps its records
+    finally:
+        setup.close()
+
+
+# Serving modes that keep the lazy record ring off, with the reason the server logs
+# (``dspark: lazy record ring off: <reason>``); each reason names the cause, not a neighbour of it.
+RING_OFF_MODES = [
+    pytest.param({}, None, id="default-on"),
+    pytest.param(dict(disaggregation_mode="decode"),
+                 "PD disaggregation, decode side (a request's first forward here is PREBUILT, not an extend",
+                 id="pd-decode"),
+    pytest.param(dict(disaggregation_mode="prefill"),
+                 "PD disaggregation, prefill side (this server runs no verify", id="pd-prefill"),
+    pytest.param(dict(enable_pdmux=True),
+                 "PD multiplexing (--enable-pdmux: prefills run on their own stream beside the decode stream",
+                 id="pdmux"),
+    pytest.param(dict(enable_two_batch_overlap=True),
+                 "two-batch overlap (--enable-two-batch-overlap: the verify runs on TBO's two child backends "
+                 "and the commit on its primary backend", id="two-batch-overlap"),
+    pytest.param(dict(pp_size=2), "pipeline parallelism", id="pipeline-parallel"),
+    pytest.param(dict(enable_mixed_chunk=True), "mixed chunks (--enable-mixed-chunk", id="mixed-chunk"),
+    pytest.param(dict(enable_streaming_session=True), "streaming sessions (--enable-streaming-session",
+                 id="streaming-session"),
+    pytest.param(dict(speculative_eagle_topk=2), "tree verify (speculative topk > 1)", id="topk-2"),
+]
+
+
+@pytest.mark.parametrize("server_args,reason", RING_OFF_MODES)
+def test_lazy_record_ring_off_reasons(server_args, reason, caplog):
+    """Each serving mode in which the lazy record ring would be unsafe turns it off at startup
+    (every commit then folds), and the server logs why, naming the mode's real cause: under PD
+    disaggregation the decode side's first forward is PREBUILT (no extend restarts the slot's
+    records); under PD multiplexing prefills run on a stream of their own; under two-batch overlap
+    the commit runs on the primary backend, the verify on the two children. The same backend with
+    none of them runs the ring (the first case), so each case turns exactly its mode on."""
+    with caplog.at_level(logging.INFO, logger="sglang_dspark_plugin"):
+        setup = Setup(window=4, replayssm=True, seed=4, disable_radix_cache=True, server_args=server_args)
+    try:
+        pool = setup.runner.req_to_token_pool.mamba_pool
+        lines = [r.getMessage() for r in caplog.records if "lazy record ring" in r.getMessage()]
+        assert len(lines) == 1, lines
+        if reason is None:
+            assert setup.linear.record_cursor is not None and pool.dspark_lazy_records is True
+            assert lines[0].startswith("dspark: lazy record ring on"), lines
+        else:
+            assert setup.linear.record_cursor is None and pool.dspark_lazy_records is False
+            assert lines[0].startswith(f"dspark: lazy record ring off: {reason}"), lines
+            assert "retraction" not in lines[0]  # the PD reason once named retraction, not the PREBUILT forward
+            assert "every commit folds the accepted tokens" in lines[0]
+    finally:
+        setup.close()
+
+
+def test_pipeline_stable_rows_and_tree_verify_fall_back(monkeypatch):
+    """The decisions SGLang's own switches make at run time: pipeline-parallel stable rows
+    (``SGLANG_ENABLE_PP_SPEC``, SGLang commits those rows itself) keep the ring off; a verify batch
+    with a tree (``retrieve_parent_token``, speculative topk > 1) goes to SGLang's verify, as does
+    one under FlashInfer's fused-accept verify, each with its reason; a chain verify takes the
+    plugin's path."""
+    setup = Setup(window=4, replayssm=True, seed=4, disable_radix_cache=True)
+    try:
+        linear, pool = setup.linear, setup.runner.req_to_token_pool.mamba_pool
+        assert linear._lazy_records_off_reason(pool, setup.runner) is None
+        monkeypatch.setenv("SGLANG_ENABLE_PP_SPEC", "1")
+        assert linear._lazy_records_off_reason(pool, setup.runner) == (
+            "pipeline-parallel stable rows (SGLang commits them itself)")
+        monkeypatch.delenv("SGLANG_ENABLE_PP_SPEC")
+
+        mixed_qkv, a, b = setup.tokens(NUM_REQ * 4)
+        fb = make_forward_batch(setup.runner, ForwardMode.TARGET_VERIFY, setup.rpi, [4] * NUM_REQ)
+        fb.spec_info = dflash_verify_input(fb, 4)
+        linear.init_forward_metadata(fb)
+        cache = setup.cache
+        assert linear._fallback_reason(setup.layer, mixed_qkv, cache, verify=True) is None
+        linear.forward_metadata.retrieve_parent_token = torch.zeros(NUM_REQ, 4, dtype=torch.int64)
+        assert linear._fallback_reason(setup.layer, mixed_qkv, cache, verify=True) == "tree verify (speculative topk > 1)"
+        assert linear._fallback_reason(setup.layer, mixed_qkv, cache, verify=False) is None  # decode has no tree
+        linear.forward_metadata.retrieve_parent_token = None
+        linear.accept_lens_pool = torch.zeros(POOL + 1, dtype=torch.int32)
+        assert linear._fallback_reason(setup.layer, mixed_qkv, cache, verify=True) == (
+            "FlashInfer fused-accept verify backend selected")
+        assert linear._lazy_records_off_reason(pool, setup.runner) == "FlashInfer fused-accept verify backend selected"
+    finally:
+        setup.close()
 
 
 def test_lazy_record_ring_admits_requests_without_a_host_sync():

@@ -115,7 +115,7 @@ def cited_results(paths=PAGES):
         for span in re.findall(r"`([^`]+)`", line):
             for token in span.split():
                 token = token.strip("(),;").removeprefix("benchmarks/results/")
-                if re.match(r"h[12]00_\d{4}-\d{2}-\d{2}", token):  # a dated run's file name (H100 or H200)
+                if re.match(r"(h[12]00|cpu)_\d{4}-\d{2}-\d{2}", token):  # a dated run's file name (H200, H100, CPU)
                     for name in _expand_braces(token):
                         cited[name] = sorted(p.name for p in RESULTS.glob(name))
     return cited

@@ -51,7 +51,8 @@ Asserted per rank:
    32- or 96-head state), i.e. concatenating the ranks gives the full layer.
 
 Not covered here: collectives (``o_proj``'s all-reduce, the output norm and ``o_proj`` are not
-run), CUDA graphs, DP attention (``attn_tp_size < tp_size``), quantized checkpoints (they take
+run), CUDA graphs, serving under DP attention (``attn_tp_size < tp_size``: only the backend's
+fallback decision is checked, ``test_dp_attention_falls_back_with_its_reason``), quantized checkpoints (they take
 SGLang's unfused ``qkv_proj`` path), the verify path at TP (its kernels run at 16 / 12 heads in
 tests/kernels/test_heads_per_rank.py), and real multi-process serving.
 """
@@ -168,9 +169,22 @@ class _Shell(nn.Module):
         pass
 
 
-def build_rank(case: Case, config, weights, rank: int):
-    """SGLang's KDA layer of ``case.model`` as rank ``rank``, full checkpoint loaded by SGLang's loader."""
-    with tp_scope(rank, case.tp):
+def dp_attention_scope(rank: int, size: int):
+    """This process as rank ``rank`` of ``size`` TP ranks with data-parallel attention: attention-TP
+    size 1, attention-DP size ``size`` (``--enable-dp-attention --dp-size size``)."""
+    group = SimpleNamespace(rank_in_group=rank, world_size=size)
+    alone = SimpleNamespace(rank_in_group=0, world_size=1)
+    return get_parallel().override(
+        tp_rank=rank, tp_size=size, attn_tp_rank=0, attn_tp_size=1,
+        attn_dp_rank=rank, attn_dp_size=size, attn_cp_rank=0, attn_cp_size=1,
+        tp_group=group, attn_tp_group=alone,
+    )
+
+
+def build_rank(case: Case, config, weights, rank: int, scope=None):
+    """SGLang's KDA layer of ``case.model`` as rank ``rank``, full checkpoint loaded by SGLang's loader
+    (under ``scope``, a parallel override; default: plain TP, ``tp_scope``)."""
+    with scope or tp_scope(rank, case.tp):
         if case.model == "kimi_linear":
             from sglang.srt.models.kimi_linear import KimiDeltaAttention as Layer
             from sglang.srt.models.kimi_linear import KimiLinearForCausalLM as Model
@@ -260,12 +274,17 @@ def test_ranks_partition_the_layer(model, case):
 
 
 class RankBackend:
-    """The plugin's backend over one rank's pool (SGLang's HybridReqToTokenPool sized for H/tp heads)."""
+    """The plugin's backend over one rank's pool (SGLang's HybridReqToTokenPool sized for H/tp heads);
+    ``model`` (set on the runner before the backend is built) is what its startup scan sees, and
+    ``runner_args`` go to the ``KDARunner`` (speculation, ReplaySSM)."""
 
-    def __init__(self, num_heads: int):
+    def __init__(self, num_heads: int, model=None, **runner_args):
         from sglang.srt.layers.attention import attention_registry
 
-        self.runner = KDARunner(backend="dspark", num_heads=num_heads, pool_size=POOL, dtype=torch.float32)
+        self.runner = KDARunner(backend="dspark", num_heads=num_heads, pool_size=POOL, dtype=torch.float32,
+                                **runner_args)
+        if model is not None:
+            self.runner.model = model
         full = attention_registry.ATTENTION_BACKENDS["dspark"](self.runner)
         self.hybrid = attention_registry.attn_backend_wrapper(self.runner, full)
         self.linear = self.hybrid.linear_attn_backend
@@ -394,3 +413,44 @@ def test_rank_decodes_concatenate_to_the_full_layer(model, case, monkeypatch):
                 assert err <= 1e-6, (rank, s, err)
         finally:
             setup.close()
+
+
+def test_dp_attention_falls_back_with_its_reason(model, caplog, monkeypatch):
+    """Data-parallel attention (TP 2, attention-TP 1): SGLang shards Kimi-Linear's KDA layer over the
+    TP group (16 heads on a rank) but sizes the state pool by the attention-TP group (32 heads).
+    The plugin's kernels would read that pool with the layer's head count, so the backend hands the
+    layer to SGLang (its per-forward check) and keeps the lazy record ring off at startup (its scan
+    of the model's layers), each naming the mismatch; the same layer over a pool of its own head
+    count takes the plugin's path."""
+    import logging
+
+    case = CASES[0]
+    m = model[case.name]
+    monkeypatch.setenv("SGLANG_DSPARK_LAZY_RECORDS", "1")
+    attn, state_shape = build_rank(case, m.config, m.w, 0, scope=dp_attention_scope(0, case.tp))
+    layer = attn.attn
+    assert layer.num_v_heads == case.heads // case.tp  # the layer: a TP shard
+    pool_heads = state_shape.temporal[0]
+    assert pool_heads == case.heads  # the pool: the attention-TP group's (all heads)
+    mismatch = (f"state pool for {pool_heads} heads / {3 * pool_heads * HEAD} conv channels, layer with "
+                f"{layer.num_v_heads} heads / {3 * layer.num_v_heads * HEAD} channels")
+    speculative = dict(num_draft_tokens=4, replayssm=True, disable_radix_cache=True)
+    with caplog.at_level(logging.INFO, logger="sglang_dspark_plugin"):
+        setup = RankBackend(pool_heads, model=nn.ModuleList([attn]), **speculative)
+    try:
+        assert setup.linear.record_cursor is None
+        assert f"lazy record ring off: KDA layer 0 falls back to SGLang's path ({mismatch})" in caplog.text
+        x = torch.randn(3, HIDDEN, generator=torch.Generator().manual_seed(5))
+        mixed_qkv, _, _ = _projections(attn, case, x)
+        assert setup.linear._fallback_reason(layer, mixed_qkv, setup.cache, verify=False) == mismatch
+        assert setup.linear._fallback_reason(layer, mixed_qkv, setup.cache, verify=True) == mismatch
+    finally:
+        setup.close()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="sglang_dspark_plugin"):
+        setup = RankBackend(layer.num_v_heads, model=nn.ModuleList([attn]), **speculative)
+    try:  # the control: the pool of a plain TP rank
+        assert setup.linear.record_cursor is not None, caplog.text
+        assert setup.linear._fallback_reason(layer, mixed_qkv, setup.cache, verify=False) is None
+    finally:
+        setup.close()

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -93,6 +94,17 @@ ONLY_CONFIGS = set(filter(None, os.environ.get("DSPARK_GPU_E2E_CONFIGS", "").spl
 
 GRAPH_CAPTURED_MARK = "CUDA graph end"  # SGLang's log line after a graph capture
 
+# Slot reuse: the ``-reuse`` configurations serve the workload (every request of ``run_workload``)
+# from a mamba pool of SLOT_REUSE_MAMBA_SLOTS slots. SGLang caps the running requests at the pool
+# size over its state slots per request (5 with the extra_buffer radix cache and the overlap
+# scheduler: the working slot, two track slots and headroom), so 8 run and the others queue; every
+# request takes its three slots from the free list, so each slot is handed out about
+# 87 requests * 3 / SLOT_REUSE_MAMBA_SLOTS = 6.5 times (the 512 slots of the other configurations
+# are each handed out at most once). 40 slots still hold the 8 conversations' cached track states
+# beside 8 running branches, so the branches stay prefix hits.
+SLOT_REUSE_MAMBA_SLOTS = 40
+SLOT_REUSE_MIN_USES = 3  # each slot handed out at least this often on average (test_slots_were_reused)
+
 
 def stock_backend() -> str:
     """The stock SGLang backend of the baseline: the dspark backend's own MLA delegate (fa3 on
@@ -124,6 +136,8 @@ class Served:
     buffered_decode: Optional[str] = None  # SGLANG_DSPARK_BUFFERED_DECODE; None = the default (factored)
     tp: Optional[int] = None  # --tp-size; None = TP_SIZE
     output_gate: bool = True  # False: SGLANG_DSPARK_OUTPUT_GATE=0 (a K3 model applies its o_norm itself)
+    # --max-mamba-cache-size (None: 512): SLOT_REUSE_MAMBA_SLOTS for the slot-reuse configurations
+    mamba_slots: Optional[int] = None
 
     @property
     def tp_size(self) -> int:
@@ -158,6 +172,27 @@ class Served:
             return "ragged verify windows need an MLA delegate that reads them (fa3/flashinfer); DSPARK-E004"
         return None
 
+    @property
+    def baseline(self) -> str:
+        """The stock configuration this one's tokens are judged against: stock without speculation,
+        but for the prefill-graph configurations stock on the same prefill graph (SGLang 0.5.23's
+        graph is not lossless against its own eager prefill on these models: docs/gpu-serving.md),
+        with DSPARK + ReplaySSM where this one speculates."""
+        if not self.prefill_graph or self.backend == "stock":
+            return "stock"
+        return "stock-g3-replayssm-prefill-graph" if self.gamma else "stock-prefill-graph"
+
+    @property
+    def control(self) -> Optional[str]:
+        """The stock SGLang + DSPARK configuration (same draft, target, block size and verify
+        scheduling) whose acceptance this speculative configuration must match; None for the
+        stock ones and without speculation."""
+        if self.backend == "stock" or not self.gamma:
+            return None
+        if self.prefill_graph:
+            return "stock-g3-replayssm-prefill-graph"
+        return f"stock-g{self.gamma}-{'compact' if self.sps_table else 'static'}"
+
     def args(self) -> List[str]:
         extra: List[str] = []
         if self.sps_table:
@@ -177,7 +212,7 @@ class Served:
             extra += [
                 "--cuda-graph-bs-decode", *map(str, CUDA_GRAPH_BS),
                 "--max-running-requests", str(CONCURRENCY),
-                "--max-mamba-cache-size", "512",
+                "--max-mamba-cache-size", str(self.mamba_slots or 512),
                 "--max-total-tokens", "65536",
                 "--sampling-backend", "pytorch",  # flashinfer's sampler JIT-compiles for minutes
             ]  # fmt: skip
@@ -266,17 +301,30 @@ def configs(model: str) -> List[Served]:
                     Served(model, f"dspark-g{gamma}-{commit}-compact", "dspark", gamma, replayssm,
                            ragged="compact", sps_table=True)
                 )  # fmt: skip
+    if not ON_CPU:  # stock SGLang + DSPARK: the controls of the plugin's acceptance (test_speculation_accepted_drafts)
+        for gamma in (3, 7):
+            out.append(Served(model, f"stock-g{gamma}-static", "stock", gamma, True))
+            out.append(Served(model, f"stock-g{gamma}-compact", "stock", gamma, True, ragged="compact", sps_table=True))
+        # slot reuse: one configuration per commit path (lazy ring, fold, snapshot) on a small mamba pool
+        out += [
+            Served(model, "dspark-g3-replayssm-reuse", "dspark", 3, True, mamba_slots=SLOT_REUSE_MAMBA_SLOTS),
+            Served(model, "dspark-g3-replayssm-eager-reuse", "dspark", 3, True, lazy_records="0",
+                   mamba_slots=SLOT_REUSE_MAMBA_SLOTS),
+            Served(model, "dspark-g3-snapshot-reuse", "dspark", 3, False, mamba_slots=SLOT_REUSE_MAMBA_SLOTS),
+        ]
+    else:  # dry run: the control of its one speculative configuration
+        out.append(Served(model, "stock-g3-static", "stock", 3, True))
     if not ON_CPU:  # fold every commit (SGLANG_DSPARK_LAZY_RECORDS=0), next to the lazy ring of the others
         out.append(Served(model, "dspark-g3-replayssm-eager-static", "dspark", 3, True, lazy_records="0"))
         # 8-token windows on the lazy ring (off by default until they are shown faster)
         out.append(Served(model, "dspark-g7-replayssm-lazy-all-static", "dspark", 7, True, lazy_records="all"))
         # Prefills through SGLang's breakable prefill graph, served only when DSPARK_GPU_E2E_CONFIGS
         # names them: SGLang 0.5.23's graph gives wrong greedy tokens on these models without the
-        # plugin too, also with RIG_BCG_STRONG_REFS=1 (docs/guide/gpu-serving.md, 2026-12-04). Stock
-        # with the same graph is the yardstick: with and without DSPARK + ReplaySSM (SGLang's KDA
-        # kernels); ours: decode, fold every commit, the lazy ring (its cursor reset runs in the
-        # graph's refresh hook).
-        out += [s for s in (
+        # plugin too, also with RIG_BCG_STRONG_REFS=1 (docs/guide/gpu-serving.md, 2026-12-04). So each is
+        # judged against stock SGLang on the same graph (Served.baseline), with and without DSPARK +
+        # ReplaySSM (SGLang's KDA kernels), which are served with it; ours: decode, fold every
+        # commit, the lazy ring (its cursor reset runs in the graph's refresh hook).
+        out += [
             Served(model, "stock-prefill-graph", "stock", prefill_graph=True),
             Served(model, "stock-g3-replayssm-prefill-graph", "stock", 3, True, prefill_graph=True),
             Served(model, "dspark-decode-prefill-graph", "dspark", prefill_graph=True),
@@ -284,11 +332,16 @@ def configs(model: str) -> List[Served]:
                    prefill_graph=True),
             Served(model, "dspark-g3-replayssm-prefill-graph", "dspark", 3, True, lazy_records="1",
                    prefill_graph=True),
-        ) if s.name in ONLY_CONFIGS]  # fmt: skip
+        ]  # fmt: skip
     if ON_CPU:  # dry run: one speculative configuration is enough
-        out = [s for s in out if s.name in ("stock", "dspark-decode", "dspark-g3-snapshot-static")]
-    if ONLY_CONFIGS:  # a subset (DSPARK_GPU_E2E_CONFIGS); the stock baselines always run
-        out = [s for s in out if s.name in ("stock", STOCK_TP1) or s.name in ONLY_CONFIGS]
+        out = [s for s in out if s.name in ("stock", "dspark-decode", "dspark-g3-snapshot-static", "stock-g3-static")]
+    if ONLY_CONFIGS:  # a subset (DSPARK_GPU_E2E_CONFIGS); the stock baselines always run, and the
+        # controls and same-graph baselines of the configurations named
+        wanted = {s.name for s in out if s.name in ONLY_CONFIGS}
+        wanted |= {x for s in out if s.name in wanted for x in (s.baseline, s.control) if x}
+        out = [s for s in out if s.name in ("stock", STOCK_TP1) or s.name in wanted]
+    else:  # by default no prefill graph (only by name, above)
+        out = [s for s in out if not s.prefill_graph]
     return out
 
 
@@ -515,3 +568,64 @@ def divergence(got: List[int], baseline: dict) -> Optional[dict]:
         info["baseline_gap"] = lp1 - lp2
         info["near_tie"] = lp1 - lp2 < NEAR_TIE and got[pos] == runner_up
     return info
+
+
+# ----------------------------------------------------------------------------------------------
+# Speculation: acceptance against stock SGLang + DSPARK
+# ----------------------------------------------------------------------------------------------
+
+ACCEPT_SIGMAS = 3.0  # how many standard errors the mean accepted drafts per verify step may differ by
+
+
+def accepted_histogram(rows: List[dict]) -> List[int]:
+    """Verify steps by the number of drafts they accepted, summed over ``rows`` (``/generate``
+    results with ``spec_correct_drafts_histogram``)."""
+    total: List[int] = []
+    for row in rows:
+        for k, n in enumerate(row.get("spec_correct_drafts_histogram") or []):
+            total += [0] * (k + 1 - len(total))
+            total[k] += n
+    return total
+
+
+def compare_acceptance(ours: List[int], stock: List[int]) -> dict:
+    """Our accepted-draft histogram against stock SGLang's on the same draft, target and prompts:
+    the mean drafts accepted per verify step of each, and ``same`` when they differ by at most
+    ``ACCEPT_SIGMAS`` standard errors of the difference (two independent samples of verify steps;
+    the same outputs make the two runs' steps nearly the same, so this lets noise through and
+    little else: at 800 steps a per-draft acceptance of 0.6 where stock has 0.7 fails)."""
+
+    def moments(hist):
+        n = sum(hist)
+        mean = sum(k * c for k, c in enumerate(hist)) / n if n else 0.0
+        var = sum(c * (k - mean) ** 2 for k, c in enumerate(hist)) / max(n - 1, 1)
+        return n, mean, var
+
+    (n1, m1, v1), (n2, m2, v2) = moments(ours), moments(stock)
+    se = (v1 / max(n1, 1) + v2 / max(n2, 1)) ** 0.5
+    return dict(ours_steps=n1, ours_mean=m1, stock_steps=n2, stock_mean=m2, se=se,
+                same=n1 > 0 and n2 > 0 and abs(m1 - m2) <= ACCEPT_SIGMAS * max(se, 1e-3))
+
+
+# ----------------------------------------------------------------------------------------------
+# Slot reuse, from the server log
+# ----------------------------------------------------------------------------------------------
+
+MAMBA_CAP_LOG = re.compile(r"max_running_requests is capped to (\d+) by the mamba state cache "
+                           r"\(max_mamba_cache_size=(\d+), (\d+) state slots per request\)")
+QUEUE_LOG = re.compile(r"#queue-req: (\d+)")
+SLOTS_PER_REQUEST = 3  # the working slot and, with the extra_buffer radix cache, two track slots
+
+
+def slot_reuse(log: str, requests: int) -> Optional[dict]:
+    """How a server's mamba pool was used, from its log (SGLang's sizing line and its batch lines):
+    the running-request cap the pool set, the pool size, the most requests queued, and the mean
+    number of times a slot was handed out (``requests`` each take SLOTS_PER_REQUEST slots). None
+    when the pool set no cap (it was not the limit)."""
+    cap = MAMBA_CAP_LOG.search(log)
+    if cap is None:
+        return None
+    running, slots, per_request = (int(x) for x in cap.groups())
+    queued = max((int(q) for q in QUEUE_LOG.findall(log)), default=0)
+    return dict(running_cap=running, slots=slots, ratio=per_request, max_queued=queued,
+                uses_per_slot=requests * SLOTS_PER_REQUEST / slots)

@@ -12,7 +12,12 @@ and compact verify, compact with real ragged windows):
 * radix-cache prefix hits on committed states: 8 requests whose decode crosses the track point
   (token 64), then branches of them at that point, served from the cached copy of the state the
   commit wrote (``cached_tokens`` 64, stock as well), equal stock's token for token;
-* speculation accepted drafts; compact verify used windows shorter than gamma + 1;
+* speculation accepted drafts, as often as stock SGLang + DSPARK on the same draft and target (the
+  ``stock-g*`` controls); compact verify used windows shorter than gamma + 1;
+* slot reuse (``-reuse``: the lazy ring, the fold, snapshot mode): a mamba pool of 40 slots, so
+  requests queue and every slot is handed out several times (the other servers' 512 slots are each
+  used at most once, and the lazy ring's cursors start at zero there);
+* prefill-graph configurations (by name only) against stock on the same prefill graph;
 * the server captured CUDA graphs, built the dspark backend, logged no fallback to SGLang's KDA
   path, and ran the plugin's decode / verify / fold kernels (their first-use log lines); the stock
   server logged none of the plugin's lines (the plugin is inert unless selected);
@@ -35,8 +40,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_kit import (GRAPH_CAPTURED_MARK, MODELS, ON_CPU, STOCK_TP1, TP_SIZE, TRACK_INTERVAL, configs,
-                     divergence)
+from gpu_kit import (GRAPH_CAPTURED_MARK, MODELS, ON_CPU, SLOT_REUSE_MIN_USES, STOCK_TP1, TP_SIZE, TRACK_INTERVAL,
+                     accepted_histogram, compare_acceptance, configs, divergence, slot_reuse)
 from served_log import assert_not_served_by_plugin, assert_output_gate, assert_served_by_plugin, ranks_that_ran
 
 pytestmark = [pytest.mark.gpu, pytest.mark.e2e]
@@ -59,9 +64,13 @@ def _run(fleet, served):
 
 
 def _baseline(fleet, served):
+    """The stock run ``served`` is judged against (``Served.baseline``: stock, or stock on the same
+    prefill graph)."""
     _, runs = fleet
-    base = runs[f"{served.model}-stock"]
-    assert not base.error, f"the stock baseline failed: {base.error}"
+    base = runs.get(f"{served.model}-{served.baseline}")
+    if base is None:
+        pytest.skip(f"serve {served.baseline} too (DSPARK_GPU_E2E_CONFIGS): the yardstick of {served.name}")
+    assert not base.error, f"the stock baseline {served.baseline} failed: {base.error}"
     return base
 
 
@@ -108,26 +117,10 @@ def _assert_only_near_ties(near_ties: set, wrong: list, what: str) -> None:
     assert len(near_ties) <= MAX_NEAR_TIE_PROMPTS, f"near-tie flips in prompts {sorted(near_ties)}"
 
 
-def _stock_prefill_graph_verdict(fleet, served, base):
-    """A prefill-graph configuration is judged only where stock SGLang with the same prefill graph
-    serves what its eager prefill serves: skip when that run is missing, xfail when it differs."""
-    _, runs = fleet
-    stock = runs.get(f"{served.model}-stock-prefill-graph")
-    if stock is None:
-        pytest.skip("serve stock-prefill-graph too (DSPARK_GPU_E2E_CONFIGS): is SGLang's own prefill graph lossless?")
-    assert not stock.error, f"stock-prefill-graph failed: {stock.error}"
-    _, wrong = _differences(stock, base)
-    if wrong:
-        pytest.xfail(f"stock SGLang with the same prefill graph differs from its eager prefill in {len(wrong)} "
-                     "outputs: SGLang's prefill graph is not lossless here (docs/guide/gpu-serving.md)")
-
-
 @pytest.mark.parametrize("served", CANDIDATES, ids=lambda s: s.id)
 def test_lossless_against_stock_sglang(fleet, served):
     run, base = _run(fleet, served), _baseline(fleet, served)
-    if served.prefill_graph:
-        _stock_prefill_graph_verdict(fleet, served, base)
-    near_ties = _assert_same_tokens(run, base, "stock SGLang")
+    near_ties = _assert_same_tokens(run, base, f"stock SGLang ({served.baseline})")
     stock_api = {row["prompt"]: row for row in base.results["openai"]}
     for row in run.results["openai"]:
         if row["prompt"] not in near_ties:
@@ -144,8 +137,6 @@ def test_branch_from_a_committed_state_lossless(fleet, served):
     if not served.radix_cache:
         pytest.skip("served without a radix cache (gpu_kit.Served.radix_cache)")
     run, base = _run(fleet, served), _baseline(fleet, served)
-    if served.prefill_graph:
-        _stock_prefill_graph_verdict(fleet, served, base)
     stock_turn1 = {row["prompt"]: row for row in base.results["turn1"]}
     stock_branch = {row["prompt"]: row for row in base.results["branch"]}
     assert all(row["cached_tokens"] >= TRACK_INTERVAL for row in stock_branch.values()), \
@@ -203,11 +194,25 @@ def test_every_rank_ran_the_plugin(fleet, served):
 
 @pytest.mark.parametrize("served", SPECULATIVE, ids=lambda s: s.id)
 def test_speculation_accepted_drafts(fleet, served):
+    """Drafts were accepted, and as often as stock SGLang + DSPARK accepts them on the same draft,
+    target, prompts and verify scheduling (``Served.control``): the mean drafts accepted per verify
+    step within ``gpu_kit.ACCEPT_SIGMAS`` standard errors (``compare_acceptance``)."""
     run = _run(fleet, served)
     rows = run.results["wave64"] + run.results["wave5"]
     accepted = sum(row["spec_num_correct_drafts"] or 0 for row in rows)
     steps = sum(row["spec_verify_ct"] for row in rows)
     assert steps > 0 and accepted > 0, (steps, accepted)
+    _, runs = fleet
+    control = runs.get(f"{served.model}-{served.control}")
+    if control is None:
+        pytest.fail(f"{served.control} was not served: the acceptance has no control "
+                    "(DSPARK_GPU_E2E_CONFIGS adds it when it names this configuration)")
+    assert not control.error, f"the control {served.control} failed: {control.error}"
+    stock_rows = control.results["wave64"] + control.results["wave5"]
+    verdict = compare_acceptance(accepted_histogram(rows), accepted_histogram(stock_rows))
+    assert verdict["same"], (f"accepted drafts per verify step: ours {verdict['ours_mean']:.3f} over "
+                             f"{verdict['ours_steps']} steps, {served.control} {verdict['stock_mean']:.3f} over "
+                             f"{verdict['stock_steps']} (standard error {verdict['se']:.3f})")
     for row in rows:
         hist = row["spec_correct_drafts_histogram"] or []
         assert sum(hist) == row["spec_verify_ct"] and len(hist) <= served.gamma + 1, row
@@ -241,3 +246,21 @@ def test_stock_follows_the_float64_reference(fleet, model):
     rows = {row["prompt"]: row["output_ids"] for row in base.results["wave64"]}
     same = sum(rows[i] == p.reference[i] for i in range(len(p.ids)))
     assert same >= 0.9 * len(p.ids), f"{same} of {len(p.ids)} prompts follow the reference"
+
+
+REUSE = [s for s in CANDIDATES if s.mamba_slots]
+
+
+@pytest.mark.parametrize("served", REUSE, ids=lambda s: s.id)
+def test_slots_were_reused(fleet, served):
+    """The slot-reuse configurations really reused their slots: SGLang capped the running requests
+    by the small mamba pool, requests queued behind them, and the workload handed each slot out
+    ``SLOT_REUSE_MIN_USES`` times or more on average. Their outputs are judged by the other tests
+    (lossless, branches from the cache, acceptance, kernels)."""
+    run = _run(fleet, served)
+    requests = sum(len(rows) for rows in run.results.values())
+    reuse = slot_reuse(run.log, requests)
+    assert reuse is not None, "SGLang did not cap the running requests by the mamba pool"
+    assert reuse["slots"] == served.mamba_slots, reuse
+    assert reuse["max_queued"] > 0, f"no request queued: {reuse}"
+    assert reuse["uses_per_slot"] >= SLOT_REUSE_MIN_USES, reuse

@@ -34,7 +34,7 @@ BV = None if CUDA else 128  # V-tile of the recurrent kernels (None: the launch 
 KIMI_LINEAR_TP2 = 16  # 32 heads / 2 ranks
 K3_TP8 = 12  # 96 heads / 8 ranks
 
-# fp32 state from identical inputs (kda_testutil.state_tol says why bf16 gets 1e-3 on CUDA only)
+# fp32 state from identical inputs: 1e-5 on every device (kda_testutil.state_tol says why)
 STATE_TOL = {dt: state_tol(dt) for dt in (torch.float32, torch.bfloat16)}
 
 
@@ -153,6 +153,8 @@ def test_verify_ring_per_rank_heads(verified, impl):
             assert not got[:, :ln].isnan().any(), name
             bar = 1e-6 if name in ("ring_g", "ring_beta") else STATE_TOL[dtype]
             assert rel_err(got[:, :ln], ref[:, :ln]) <= bar, (name, rel_err(got[:, :ln], ref[:, :ln]))
+            if dtype == torch.bfloat16 and name in ("ring_rawv", "ring_rawk"):  # the rounded conv outputs
+                assert torch.equal(got[:, :ln].to(F64), ref[:, :ln]), name
             assert same_bytes(got[:, ln:], r["rings_before"][name][slot, :, ln:]), f"{name} written past length"
     for name, ring in rings.items():  # rings of slots no request owns (and of the slot -1 request)
         for s in range(p.slots):

@@ -19,7 +19,7 @@ else:
              (3, torch.bfloat16, None)]
 
 
-# fp32 state from identical (bf16) inputs (kda_testutil.state_tol says why bf16 gets 1e-3 on CUDA only)
+# fp32 state from identical (bf16) inputs: 1e-5 on every device (kda_testutil.state_tol says why)
 STATE_TOL = {dt: state_tol(dt) for dt in (torch.float32, torch.bfloat16)}
 
 
@@ -94,6 +94,8 @@ def test_verify_matches_reference_both_modes(case):
             got, ref = rings[name][slot], rings_r[name][slot]
             assert not got[:, :ln].isnan().any(), name
             assert rel_err(got[:, :ln], ref[:, :ln]) <= (1e-6 if name in ("ring_g", "ring_beta") else STATE_TOL[dtype]), name
+            if dtype == torch.bfloat16 and name in ("ring_rawv", "ring_rawk"):  # the rounded conv outputs
+                assert torch.equal(got[:, :ln].to(F64), ref[:, :ln]), name
             assert same_bytes(got[:, ln:], ring_before[name][slot, :, ln:]), f"{name} written past length"
     # rings of slots no request owns (and of the slot -1 request) untouched
     owned = [s for s in p.extra["slot_list"] if s >= 0]

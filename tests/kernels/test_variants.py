@@ -119,7 +119,7 @@ def test_decode_variants(block_v, num_warps):
     before = p.ssm_state.clone()
     out = decode(*p.acts(), **p.params(), ssm_state=p.ssm_state, conv_state=p.conv_state,
                  slot_indices=p.slot_indices, block_v=block_v, num_warps=num_warps)
-    assert rel_err(out, out_r) <= 1e-2
+    assert rel_err(out, out_r) <= tol(torch.bfloat16), rel_err(out, out_r)
     assert (out[0, 1] == 0).all()
     for s in range(p.slots):
         if s in (3, 0):
