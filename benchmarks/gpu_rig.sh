@@ -4,7 +4,10 @@
 #   bash benchmarks/gpu_rig.sh stage N [--last]    copy staged SGLang part N (carried .stage/pN) to /tmp/stage
 #   bash benchmarks/gpu_rig.sh e2e [pytest args]   GPU end-to-end tests (tests/gpu, kimi32 unless
 #                                                  DSPARK_GPU_E2E_MODELS says); logs -> $OUT
+#   DSPARK_GPU_E2E_MODELS=k3-12h bash benchmarks/gpu_rig.sh e2e    the Kimi-K3 e2e (one TP8 rank of
+#                                                  K3; six servers, one wave on an 80 GB GPU)
 #   bash benchmarks/gpu_rig.sh bench [args]        benchmarks/bench_serving.py; results -> $OUT
+#                                                  (Kimi-K3 tokens/s: --model k3-8l --gamma 7)
 #
 # e2e/bench need every part staged on this (still warm) machine and .rig/sglang-gpu-env.sh
 # (a copy of ../shared/device/sglang-gpu-env.sh in the ignored, carried folder .rig). The Triton
@@ -18,13 +21,15 @@ mkdir -p "$OUT"
 case "$cmd" in
   stage)
     mkdir -p /tmp/stage && cp ".stage/p$1"/* /tmp/stage/ && ls -la /tmp/stage || exit 1
-    # with --last: unpack now (once per machine) and write the kimi32 test model, so the calls
-    # that serve spend their minutes serving (ignored files stay on a warm machine between calls)
+    # with --last: unpack now (once per machine) and write the test models (RIG_MODELS, default
+    # kimi32 and tiny; add k3-12h for the K3 e2e), so the calls that serve spend their minutes
+    # serving (ignored files stay on a warm machine between calls)
     if [ "${2:-}" = "--last" ]; then
       # shellcheck disable=SC1091
       source .rig/sglang-gpu-env.sh "$PWD" || exit 1
-      python3 -m sglang_dspark_plugin.harness.tiny_models --model kimi32 || exit 1
-      python3 -m sglang_dspark_plugin.harness.tiny_models --model tiny || exit 1
+      for model in ${RIG_MODELS:-kimi32 tiny}; do
+        python3 -m sglang_dspark_plugin.harness.tiny_models --model "$model" || exit 1
+      done
     fi
     exit 0 ;;
 esac
