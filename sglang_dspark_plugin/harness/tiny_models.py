@@ -68,7 +68,7 @@ What SGLang 0.5.23 turns on for the K3 models (read from ``models/kimi_k3.py``,
   ``kda_fused_decode``: conv, recurrence and gated RMSNorm in one CUDA JIT kernel with TMA bulk
   copies, sm_90+): the stash at 12 heads per rank on every K3 model; stock SGLang's plain decode
   runs the fused kernel on the GPU rig (without ReplaySSM rings), not on CPU (gate 11). The plugin
-  takes decode and verify itself and consumes the stash (``SGLANG_DSPARK_OUTPUT_GATE``).
+  takes decode and verify itself and consumes the stash (unless its output-gate setting says 0).
 * Attention residuals (``attn_res_block_size``): every K3 model; SGLang's TMA aggregation kernel
   needs SM100+, so the rig and CPU run its Triton score/combine pipeline (which reads rows in
   blocks of 1024: hidden must be a multiple of 1024). The float64 reference follows it exactly.
