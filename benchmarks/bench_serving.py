@@ -29,7 +29,8 @@ others idle (``--sleep-on-idle``, so they do not spin a CPU core each). ``--max-
 configurations in groups of K (start, measure, stop, next group) for models too large to have all
 servers up at once. ``--model kimi48-8l`` (the first 8 layers of Kimi-Linear-48B with its MoE and
 vocabulary, random weights; ``kimi48``: all 27 layers, ``--max-servers 1``) makes a served step
-more GPU-bound; its accept lengths are meaningless
+more GPU-bound (``--model k3-8l``: Kimi-K3's first 8 layers with its LatentMoE, one TP8 rank's
+attention, random weights; with ``--gamma 7``, K3's block size); its accept lengths are meaningless
 (random draft and target), so it compares the cost of the same work per step, not speculation's
 gain, and ``--concurrency`` levels beyond what its memory holds fail to start rather than swap. Writes ``serving.json`` and ``serving.md`` to ``--out`` and a plot with ``--plot``.
 """

@@ -4,7 +4,10 @@
 #   bash benchmarks/gpu_rig.sh stage N [--last]    copy staged SGLang part N (carried .stage/pN) to /tmp/stage
 #   bash benchmarks/gpu_rig.sh e2e [pytest args]   GPU end-to-end tests (tests/gpu, kimi32 unless
 #                                                  DSPARK_GPU_E2E_MODELS says); logs -> $OUT
+#   DSPARK_GPU_E2E_MODELS=k3-12h bash benchmarks/gpu_rig.sh e2e    the Kimi-K3 e2e (one TP8 rank of
+#                                                  K3; six servers, one wave on an 80 GB GPU)
 #   bash benchmarks/gpu_rig.sh bench [args]        benchmarks/bench_serving.py; results -> $OUT
+#                                                  (Kimi-K3 tokens/s: --model k3-8l --gamma 7)
 #   bash benchmarks/gpu_rig.sh run CMD [args]      any command in the rig's environment (kernel tests,
 #                                                  benchmarks/bench_output_gate.py, ...)
 #   bash benchmarks/gpu_rig.sh soak [args]         benchmarks/soak.py (2,000 mixed requests, four
@@ -22,8 +25,9 @@ mkdir -p "$OUT"
 case "$cmd" in
   stage)
     mkdir -p /tmp/stage && cp ".stage/p$1"/* /tmp/stage/ && ls -la /tmp/stage || exit 1
-    # with --last: unpack now (once per machine) and write the kimi32 test model, so the calls
-    # that serve spend their minutes serving (ignored files stay on a warm machine between calls)
+    # with --last: unpack now (once per machine) and write the test models (RIG_MODELS, default
+    # kimi32 and tiny; add k3-12h for the K3 e2e), so the calls that serve spend their minutes
+    # serving (ignored files stay on a warm machine between calls)
     if [ "${2:-}" = "--last" ]; then
       # shellcheck disable=SC1091
       source .rig/sglang-gpu-env.sh "$PWD" || exit 1

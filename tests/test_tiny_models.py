@@ -131,8 +131,10 @@ def _k3_model(spec):
     return ModelConfig(str(REPO_CONFIGS / spec.target_dir), trust_remote_code=True).hf_config
 
 
-@pytest.mark.parametrize("spec", [tiny_models.TINY_K3, tiny_models.K3_12H, tiny_models.K3_24H, tiny_models.K3_8L],
-                         ids=lambda s: s.name)
+K3_SPECS = [spec for spec in tiny_models.SPECS.values() if spec.k3]
+
+
+@pytest.mark.parametrize("spec", K3_SPECS, ids=lambda s: s.name)
 def test_k3_models_are_read_as_kimi_k3(spec):
     """The K3 configs are SGLang's Kimi-K3 text stack (``is_kimi_k3``) with K3's KDA (full-rank
     gate, lower bound -5, 12 heads per rank of 128) and MLA (output gate, NoPE) keys; the K3-shaped
@@ -145,7 +147,8 @@ def test_k3_models_are_read_as_kimi_k3(spec):
     assert (lin["use_full_rank_gate"], lin["gate_lower_bound"], lin["head_dim"]) == (True, -5.0, 128)
     assert lin["num_heads"] % tiny_models.K3_HEADS_PER_RANK == 0
     assert config.mla_use_output_gate and config.mla_use_nope
-    assert (config.hidden_act, config.activation_situ_beta, config.activation_situ_linear_beta) == ("situ", 4.0, 25.0)
+    situ = (config.hidden_act, config.activation_situ_beta, config.activation_situ_linear_beta)
+    assert situ == ("situ", 4.0, 25.0)
     assert config.attn_res_block_size == spec.attn_res_block
     assert [i for i in range(len(spec.layers)) if config.is_kda_layer(i)] == [
         i for i, kind in enumerate(spec.layers) if kind == "kda"]

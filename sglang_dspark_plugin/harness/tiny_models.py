@@ -37,12 +37,15 @@ Kimi-K3 (``family=KIMI_K3``). The config is the text-only form: architectures
 ``KimiK3LinearForCausalLM``, model_type ``kimi_linear``, K3's keys (``linear_attn_config``:
 ``use_full_rank_gate``, ``gate_lower_bound`` -5; ``mla_use_output_gate``, ``q_lora_rank``, SiTU
 ``hidden_act`` with K3's betas 4 / 25, ``attn_res_block_size``; LatentMoE keys on k3-8l). It
-serves on CPU (``cpu_support``'s K3 gates 9-11) with nothing but a tokenizer; the
-multimodal wrapper (model_type ``kimi_k3``, ``KimiK3ForConditionalGeneration``) always builds
-K3's vision tower and asks for an image processor, neither of which the KDA layers see. What the
-text-only form costs: SGLang 0.5.23 keys some K3 serving defaults on the wrapper's architecture
-name: the extra_buffer Mamba radix cache (refused for the text stack, so the GPU K3 e2e serves
-without a radix cache), the speculative verify-backend pin and the SM100 trtllm_mla override.
+serves on CPU (``cpu_support``'s K3 gates 9-11) with nothing but a tokenizer. The multimodal
+wrapper (model_type ``kimi_k3``, ``KimiK3ForConditionalGeneration``) always builds K3's vision
+tower, and SGLang's K3 multimodal processor needs the checkpoint's own processor: with a plain
+tokenizer the server stops at startup ("no attribute media_processor"), and
+``--language-model-only`` does not take that architecture (tried on CPU). What the text-only form
+costs: SGLang 0.5.23 keys some K3 serving defaults on the wrapper's architecture name: the
+extra_buffer Mamba radix cache (refused for the text stack: the GPU K3 e2e serves without a radix
+cache), K3's verify-backend pin (``harness.serving.tiny_model_args`` passes the Triton verify
+backend instead, what the pin means below SM100) and the SM100 trtllm_mla override.
 Every K3 model has 12 KDA heads per rank: SGLang's ``KimiK3DeltaAttention`` offers its output
 gate to the attention backend (``_k3_onorm_gate``) only when ``_prepare_fused_decode`` accepts
 the layer, i.e. exactly 12 heads of 128 per rank. The generated K3 weights follow the float64
@@ -65,7 +68,7 @@ What SGLang 0.5.23 turns on for the K3 models (read from ``models/kimi_k3.py``,
   ``kda_fused_decode``: conv, recurrence and gated RMSNorm in one CUDA JIT kernel with TMA bulk
   copies, sm_90+): the stash at 12 heads per rank on every K3 model; stock SGLang's plain decode
   runs the fused kernel on the GPU rig (without ReplaySSM rings), not on CPU (gate 11). The plugin
-  takes decode and verify itself and consumes the stash (``SGLANG_DSPARK_OUTPUT_GATE``).
+  takes decode and verify itself and consumes the stash (unless its output-gate setting says 0).
 * Attention residuals (``attn_res_block_size``): every K3 model; SGLang's TMA aggregation kernel
   needs SM100+, so the rig and CPU run its Triton score/combine pipeline (which reads rows in
   blocks of 1024: hidden must be a multiple of 1024). The float64 reference follows it exactly.
@@ -153,6 +156,11 @@ MLA_Q_GAIN = 3.0  # sharpens MLA attention (scores ~ N(0, MLA_Q_GAIN^2))
 LOGIT_STD = 6.0  # lm_head gain: std of the logits of a unit-RMS final hidden state
 MARKOV_GAIN = 4.0  # c above: Markov bias peak c^2 = 16 logits
 CONFIDENCE_BIAS = 2.0
+# Kimi-K3 models: norm weights 1 + N(0, 0.5^2) (a norm whose weight is dropped, e.g. in a fused
+# output-norm epilogue, changes the tokens) and MLP gate pre-activations of std 4 (SiTU's beta:
+# where SiTU saturates and stops being SiLU)
+K3_NORM_WEIGHT_STD = 0.5
+K3_MLP_GATE_GAIN = 4.0
 
 
 @dataclass(frozen=True)
@@ -599,7 +607,7 @@ def _randn(gen, *shape, std=1.0):
 
 def _norm_weight(gen, n: int):
     """A K3 norm weight around 1 (not all ones: a norm whose weight is dropped changes the output)."""
-    return 1.0 + _randn(gen, n, std=0.2)
+    return 1.0 + _randn(gen, n, std=K3_NORM_WEIGHT_STD)
 
 
 def _kda_weights(w, gen, p: str, spec: ModelSpec) -> None:
@@ -701,7 +709,8 @@ def make_target_weights(spec: ModelSpec = TINY) -> Dict[str, "torch.Tensor"]:
         p = f"model.layers.{layer}."
         w[p + "input_layernorm.weight"] = torch.ones(hidden).to(bf16)
         w[p + "post_attention_layernorm.weight"] = torch.ones(hidden).to(bf16)
-        w[p + "mlp.gate_proj.weight"] = _randn(gen, inter, hidden, std=hidden**-0.5).to(bf16)
+        gate_gain = K3_MLP_GATE_GAIN if spec.k3 else 1.0
+        w[p + "mlp.gate_proj.weight"] = _randn(gen, inter, hidden, std=gate_gain * hidden**-0.5).to(bf16)
         w[p + "mlp.up_proj.weight"] = _randn(gen, inter, hidden, std=hidden**-0.5).to(bf16)
         w[p + "mlp.down_proj.weight"] = _randn(
             gen, hidden, inter, std=spec.mlp_out_gain * inter**-0.5
@@ -901,7 +910,8 @@ class ReferenceTarget:
                 residual = None
             a = self._attn(x, layer, cache[layer])
             head = a if residual is None else residual + a
-            head = head + self._mlp(self._read(bank, head, p + "mlp_res_", p + "post_attention_layernorm.weight"), layer)
+            x = self._read(bank, head, p + "mlp_res_", p + "post_attention_layernorm.weight")
+            head = head + self._mlp(x, layer)
         h = self._read(bank, head, "model.output_attn_res_", "model.norm.weight")
         return h @ self.w["lm_head.weight"].T
 
