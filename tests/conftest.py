@@ -10,6 +10,10 @@ They run together in one child pytest (``_OwnProcessRun``, started by the first 
 that state, as they share what they need of it): the parent collects them as usual (ids, ``-k``,
 ``-x`` and the summary work as for any test) but runs neither their fixtures nor their bodies; each
 reports the outcome the child gave it.
+
+Tests that start an SGLang server are marked ``e2e``, so that the fast loop (``-m "not e2e"``,
+README) starts none: a test without the marker that starts one through the harness
+(``SGLangServer``: ``launch_server``, ``sglang serve``, the example launch script) fails, saying so.
 """
 
 import json
@@ -21,6 +25,8 @@ import tempfile
 import pytest
 import torch
 
+from sglang_dspark_plugin.harness.serving import SGLangServer
+
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -29,6 +35,35 @@ if not HAS_CUDA:
 sys.path.insert(0, os.path.dirname(__file__))
 
 _CHILD_REPORT = "DSPARK_TEST_CHILD_REPORT"  # set in the child: where it writes its outcomes
+
+
+_RUNNING = {"item": None}  # the test whose setup, call or teardown is running
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _RUNNING["item"] = item
+    try:
+        yield
+    finally:
+        _RUNNING["item"] = None
+
+
+def _starts_sglang(server: SGLangServer) -> bool:
+    command = " ".join(server.command)
+    return "launch_server" in command or "sglang.cli" in command
+
+
+def _start_marked_e2e(server: SGLangServer):
+    item = _RUNNING["item"]
+    if item is not None and item.get_closest_marker("e2e") is None and _starts_sglang(server):
+        pytest.fail(f"{item.nodeid} starts an SGLang server ({server.name}) but is not marked e2e: add "
+                    "pytest.mark.e2e, which keeps it out of the fast loop (-m 'not e2e')", pytrace=False)
+    return _start_sglang_server(server)
+
+
+_start_sglang_server = SGLangServer.start
+SGLangServer.start = _start_marked_e2e
 
 
 def pytest_configure(config):
