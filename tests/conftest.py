@@ -2,7 +2,8 @@
 
 Without a GPU, Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` must be set
 before any ``@triton.jit`` function is defined, so it is set here, before test modules import
-the kernels. ``gpu`` tests are skipped without CUDA.
+the kernels, with the CPU harness's interpreter speed-up (``cpu_support.patch_language_once_per_launch``).
+``gpu`` tests are skipped without CUDA.
 
 Tests marked ``own_process`` change process-wide state (they call the plugin's ``register()`` and
 install the CPU-only patches in-process), which must not leak into the other tests of the run.
@@ -25,11 +26,14 @@ import tempfile
 import pytest
 import torch
 
+from sglang_dspark_plugin.harness import cpu_support
 from sglang_dspark_plugin.harness.serving import SGLangServer
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # the interpreter's own speed-up shim (cpu_support, shim 7): nothing computed changes
+    cpu_support.patch_language_once_per_launch()
 
 # tests/sglang_kit.py is imported by several test folders.
 sys.path.insert(0, os.path.dirname(__file__))
