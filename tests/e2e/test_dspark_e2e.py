@@ -52,7 +52,6 @@ from e2e_kit import (
     completion,
     completion_stream,
     generate,
-    make_server,
     prefetch_spec_server,
     raw_post,
     start_server,
@@ -100,6 +99,7 @@ class SpecConfig:
     decode_ring: bool = False  # --enable-linear-replayssm (plain decode through SGLang's decode ring)
     lazy: bool = False  # the lazy record ring (--disable-radix-cache makes it safe on CPU); else every commit folds
     buffered_decode: Optional[str] = None  # SGLANG_DSPARK_BUFFERED_DECODE (decode ring); None = factored
+    launcher: str = "launch_server"  # "serve": started with SGLang's CLI, ``sglang serve``
 
     def args(self):
         extra = ["--disable-radix-cache"] if self.lazy else []
@@ -116,6 +116,9 @@ class SpecConfig:
         if self.buffered_decode is not None:
             env["SGLANG_DSPARK_BUFFERED_DECODE"] = self.buffered_decode
         return env
+
+    def server_kwargs(self):
+        return {"launcher": self.launcher}
 
     def kernels(self):
         """The plugin kernels this configuration must run (their first-use log lines)."""
@@ -140,7 +143,8 @@ CONFIGS = [
     SpecConfig("decode-ring-rows", gamma=None, replayssm=False, decode_ring=True, buffered_decode="rows"),
     SpecConfig("g3-static", gamma=3, replayssm=False, bad_input=True),
     SpecConfig("g1-static", gamma=1, replayssm=False),
-    SpecConfig("g3-static-replayssm", gamma=3, replayssm=True),
+    # served through ``sglang serve`` (SGLang's CLI; the others through launch_server)
+    SpecConfig("g3-static-replayssm", gamma=3, replayssm=True, launcher="serve"),
     # the lazy record ring (no fold per commit): turned on, here with the radix cache off
     SpecConfig("g1-static-lazy", gamma=1, replayssm=True, lazy=True),
     # compact = per-request ragged verify windows chosen by the confidence scheduler (needs the
@@ -174,7 +178,7 @@ def spec(request):
         pytest.skip(config.skip_reason())
     request.getfixturevalue("baseline")
     try:
-        server = PREFETCH.take(config.name, config.args(), env=config.env())
+        server = PREFETCH.take(config.name, config.args(), env=config.env(), **config.server_kwargs())
     except ServerStartError as exc:
         if config.ragged_mode != "static" and "ragged" in str(exc).lower():
             pytest.skip(f"SGLang refuses SGLANG_RAGGED_VERIFY_MODE={config.ragged_mode} here: {exc}")
@@ -324,22 +328,19 @@ def test_rejects_bad_requests_and_keeps_serving(spec, baseline):
     assert completion(server, prompt) == baseline.completion[prompt]
 
 
-def test_sglang_serve_cli_serves_dspark(baseline):
+def test_sglang_serve_cli_serves_dspark(spec, baseline):
     """``sglang serve`` (SGLang's CLI, which loads the plugins itself after picking its LLM
-    backend) with ``--attention-backend dspark`` and DSPARK speculation: the plugin's verify and
-    fold ran, nothing fell back, and /generate and the OpenAI chat API answer as stock SGLang."""
-    config = next(c for c in CONFIGS if c.name == "g3-static-replayssm")
-    server = make_server("sglang-serve-" + config.name, config.args(), env=config.env(), launcher="serve")
+    backend) with ``--attention-backend dspark`` and DSPARK speculation. It starts the server of
+    ``g3-static-replayssm``, so every per-configuration test of this module (/generate, completions,
+    chat, streaming, concurrency) runs through it there; here: the CLI started it, the plugin's
+    verify and fold ran, nothing fell back, and /generate answers as stock SGLang."""
+    if spec.config.launcher != "serve":
+        pytest.skip("sglang serve starts g3-static-replayssm (the others: launch_server)")
+    server = spec.server
     assert server.command[-len(server.args) - 1] == "serve"
-    start_server(server.name, server.args, server=server)
-    try:
-        for prompt in PER_CONFIG_PROMPTS[:2]:
-            assert generate(server, prompt)["output_ids"] == baseline.generate[prompt]["output_ids"], prompt
-        prompt = PER_CONFIG_PROMPTS[0]
-        assert chat(server, prompt) == baseline.chat[prompt]
-        assert_served_by_plugin(server, config.kernels())
-    finally:
-        stop_server(server)
+    for prompt, out in spec.generate_results().items():
+        assert out["output_ids"] == baseline.generate[prompt]["output_ids"], prompt
+    assert_served_by_plugin(server, spec.config.kernels())
 
 
 # sglang.Engine in a fresh interpreter (it spawns its scheduler processes, which inherit the CPU
