@@ -245,14 +245,16 @@ def read_client_result(path: str, num_prompts: int) -> dict:
     """One level from the client's ``--output-file`` (JSON lines; the last line is this run):
     output tokens/s, median inter-token latency and time to first token, the server's accept length
     (SGLang's ``avg_spec_accept_length``: over all of the server's speculative steps so far), and
-    the client's whole record (``bench_serving``) without its copy of the server's arguments.
+    the client's whole record (``bench_serving``, non-finite numbers as None) without its copy of
+    the server's arguments.
 
     A server started with ``--skip-tokenizer-init`` streams token ids without text, and the client
-    times tokens by their text: it then reports a time to first token of 0 and no inter-token
+    times tokens by their text: it then reports 0 for every time to first token and inter-token
     latency, recorded here as None (its tokens/s counts the requested output tokens)."""
     with open(path) as f:
         record = [json.loads(line) for line in f if line.strip()][-1]
-    client = {key: (value if not isinstance(value, float) else _finite(value))
+    timed = record["median_ttft_ms"] > 0  # text was streamed
+    client = {key: (_finite(value) if isinstance(value, float) else value)
               for key, value in record.items() if key != "server_info"}
     return {
         "concurrency": record["max_concurrency"],
@@ -261,8 +263,8 @@ def read_client_result(path: str, num_prompts: int) -> dict:
         "output_tokens": record["total_output_tokens"],
         "wall_s": record["duration"],
         "tokens_per_s": record["output_throughput"],
-        "median_itl_ms": _finite(record["median_itl_ms"]),
-        "median_ttft_ms": record["median_ttft_ms"] or None,
+        "median_itl_ms": record["median_itl_ms"] if timed else None,
+        "median_ttft_ms": record["median_ttft_ms"] if timed else None,
         "accept_length": record.get("accept_length"),
         "bench_serving": client,
     }

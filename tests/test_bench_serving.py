@@ -572,3 +572,44 @@ def test_the_clients_prompts_have_the_exact_length_and_the_seed_fixes_them(monke
     for row in first:
         assert len(row.prompt) == row.prompt_len == 48 and row.output_len == 8
         assert all(isinstance(t, int) and 0 <= t < tokenizer.vocab_size for t in row.prompt)
+
+
+CLIENT_OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "bench_serving")
+
+
+def test_a_level_is_read_from_the_clients_json_output():
+    """Real output files of ``sglang.benchmark.serving`` (the command line of ``client_command``,
+    2 in flight, 16-token prompts, 6 output tokens), their ``server_info`` (the server's
+    arguments) left out: the tiny model on CPU with the plugin and DSPARK gamma 3 (16 requests;
+    text streamed), and the same server started with ``--skip-tokenizer-init`` (4 requests;
+    token ids only, as the configs-only benchmark models serve)."""
+    with open(os.path.join(CLIENT_OUTPUT, "tiny_dspark_g3_c2.jsonl")) as f:
+        raw = json.loads(f.read())
+    level = bench_serving.read_client_result(os.path.join(CLIENT_OUTPUT, "tiny_dspark_g3_c2.jsonl"), num_prompts=16)
+    assert (level["concurrency"], level["requests"], level["failed_requests"]) == (2, 16, 0)
+    assert level["output_tokens"] == 16 * 6 == raw["total_output_tokens"]
+    assert level["tokens_per_s"] == raw["output_throughput"] == pytest.approx(level["output_tokens"] / level["wall_s"])
+    assert (level["median_itl_ms"], level["median_ttft_ms"]) == (raw["median_itl_ms"], raw["median_ttft_ms"])
+    assert level["median_itl_ms"] > 0 and level["median_ttft_ms"] > 0
+    assert level["accept_length"] == raw["accept_length"] and 1.0 < level["accept_length"] <= 4.0  # gamma 3
+    # the client's record rides along, as strict JSON (its infinite request rate as None)
+    assert "server_info" not in level["bench_serving"] and level["bench_serving"]["request_rate"] is None
+    assert level["bench_serving"]["p99_itl_ms"] == raw["p99_itl_ms"]
+    json.dumps(level, allow_nan=False)
+
+    ids_only = bench_serving.read_client_result(os.path.join(CLIENT_OUTPUT, "tiny_token_ids_only_c2.jsonl"), num_prompts=5)
+    assert (ids_only["requests"], ids_only["failed_requests"], ids_only["output_tokens"]) == (4, 1, 4 * 6)
+    assert ids_only["bench_serving"]["median_ttft_ms"] == ids_only["bench_serving"]["median_itl_ms"] == 0.0
+    assert ids_only["median_itl_ms"] is None and ids_only["median_ttft_ms"] is None  # not timed: no text
+    assert ids_only["tokens_per_s"] > 0
+
+
+def test_untimed_levels_show_as_missing_in_the_summary_and_the_table():
+    timed = {"tokens_per_s": 10.0, "median_itl_ms": 3.0, "median_ttft_ms": 9.0, "accept_length": None}
+    untimed = {"tokens_per_s": 12.0, "median_itl_ms": None, "median_ttft_ms": None, "accept_length": None}
+    (level,) = bench_serving.summarize({"samples": {"4": [timed, untimed]}})
+    assert (level["tokens_per_s"], level["median_itl_ms"], level["median_ttft_ms"]) == (11.0, 3.0, 9.0)
+    (level,) = bench_serving.summarize({"samples": {"4": [untimed]}})
+    assert level["median_itl_ms"] is None and level["median_ttft_ms"] is None
+    table = bench_serving.render({"args": {"concurrency": [4]}, "runs": {"kimi48": {"levels": [level]}}})
+    assert "| kimi48 | 12 | - | - | - | - | - | - |" in table
