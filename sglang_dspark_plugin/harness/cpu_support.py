@@ -350,7 +350,9 @@ def patch_language_once_per_launch() -> bool:
     (in a scope that is never restored). For the modules the launch already patched that changes
     nothing (the swapped functions are no longer builtins, the rest is set to equal replacements),
     and it took a quarter to a third of the interpreter's time in kernels with helpers. A helper
-    whose module sees a language module the kernel's does not is still patched as before.
+    whose module sees a language module the kernel's does not (``triton.language.core`` for
+    ``tl.sum``) is patched as before at its first call in the launch; that patching is never
+    undone, so later calls skip it too.
 
     Also installed on its own by the tests (tests/conftest.py) for the kernels they interpret.
     Idempotent; returns whether this call installed it."""
@@ -374,7 +376,10 @@ def patch_language_once_per_launch() -> bool:
             launches.pop()
 
     def helper_call_in_patched_launch(self, *args, **kwargs):
-        if not launches or not language_modules(self.fn) <= launches[-1]:
+        needed = language_modules(self.fn)
+        if not launches or not needed <= launches[-1]:
+            if launches:  # the interpreter's own call patches them first, for the rest of the launch
+                launches[-1].update(needed)
             return helper_call(self, *args, **kwargs)
         fn = self.rewrite()  # the rest of the interpreter's own helper call
         try:
