@@ -7,10 +7,10 @@ the kernels, with the CPU harness's interpreter speed-up (``cpu_support.patch_la
 
 Tests marked ``own_process`` change process-wide state (they call the plugin's ``register()`` and
 install the CPU-only patches in-process), which must not leak into the other tests of the run.
-They run together in one child pytest (``_OwnProcessRun``, started by the first of them; they share
-that state, as they share what they need of it): the parent collects them as usual (ids, ``-k``,
-``-x`` and the summary work as for any test) but runs neither their fixtures nor their bodies; each
-reports the outcome the child gave it.
+They run together in one child pytest (``_OwnProcessRun``, started when collection ends, beside the
+parent's other tests; they share that state, as they share what they need of it): the parent
+collects them as usual (ids, ``-k``, ``-x`` and the summary work as for any test) but runs neither
+their fixtures nor their bodies; each reports the outcome the child gave it.
 
 Tests that start an SGLang server are marked ``e2e``, so that the fast loop (``-m "not e2e"``,
 README) starts none: a test without the marker that starts one through the harness
@@ -92,11 +92,25 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get(_CHILD_REPORT):
         return  # the child runs its tests itself
     own = [item for item in items if item.get_closest_marker("own_process")]
-    run = _OwnProcessRun([item.nodeid for item in own], exitfirst=config.getoption("maxfail") == 1)
+    run = _OwnProcessRun(exitfirst=config.getoption("maxfail") == 1)
     for item in own:
         # Fixtures and body run in the child; here the item only reports the child's outcome.
         item.setup = item.teardown = lambda: None
         item.runtest = lambda nodeid=item.nodeid: run.report(nodeid)
+    _OWN_PROCESS_RUN[:] = [run]
+
+
+def pytest_collection_finish(session):
+    """Start the child pytest of the selected ``own_process`` tests now: it runs beside the
+    parent's other tests (the second core of a 2-core machine) until the first of them waits
+    for it."""
+    if _OWN_PROCESS_RUN and not session.config.option.collectonly:
+        _OWN_PROCESS_RUN[0].start([item.nodeid for item in session.items if item.get_closest_marker("own_process")])
+
+
+def pytest_sessionfinish(session):
+    if _OWN_PROCESS_RUN:
+        _OWN_PROCESS_RUN[0].stop()  # a session cut short (-x) leaves no child behind
 
 
 def pytest_runtest_logreport(report):
@@ -110,32 +124,50 @@ def pytest_runtest_logreport(report):
         f.write(json.dumps(entry) + "\n")
 
 
-class _OwnProcessRun:
-    """One child ``pytest`` over the selected ``own_process`` tests, started by the first of them."""
+_OWN_PROCESS_RUN = []  # this session's _OwnProcessRun
 
-    def __init__(self, nodeids, exitfirst: bool):
-        self.nodeids = nodeids
+
+class _OwnProcessRun:
+    """One child ``pytest`` over the selected ``own_process`` tests, started when collection ends
+    (``start``); the first of them waits for it."""
+
+    def __init__(self, exitfirst: bool):
         self.exitfirst = exitfirst
+        self.proc = None
         self.reports = None
         self.output = ""
 
-    def _run(self) -> None:
+    def start(self, nodeids) -> None:
+        if self.proc is not None or not nodeids:
+            return
         rootdir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as report:
-            env = dict(os.environ, **{_CHILD_REPORT: report.name})
-            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *self.nodeids]
-            if self.exitfirst:
-                cmd.insert(3, "-x")
-            proc = subprocess.run(cmd, cwd=rootdir, env=env, capture_output=True, text=True)
-            self.output = proc.stdout[-6000:] + proc.stderr[-3000:]
-            self.reports = {}
-            for line in report.read().splitlines():
-                entry = json.loads(line)
-                self.reports.setdefault(entry["nodeid"], []).append(entry)
+        self._report = tempfile.NamedTemporaryFile("r", suffix=".jsonl")
+        self._log = tempfile.TemporaryFile("w+")
+        # one torch thread: the child shares the machine with the parent's tests
+        env = dict(os.environ, **{_CHILD_REPORT: self._report.name})
+        env.setdefault("OMP_NUM_THREADS", "1")
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *nodeids]
+        if self.exitfirst:
+            cmd.insert(3, "-x")
+        self.proc = subprocess.Popen(cmd, cwd=rootdir, env=env, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self._log.seek(0)
+        self.output = self._log.read()[-9000:]
+        self.reports = {}
+        for line in self._report.read().splitlines():
+            entry = json.loads(line)
+            self.reports.setdefault(entry["nodeid"], []).append(entry)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def report(self, nodeid: str) -> None:
         if self.reports is None:
-            self._run()
+            self._wait()
         entries = self.reports.get(nodeid)
         if not entries:
             pytest.fail(f"{nodeid} did not run in its child pytest; its output:\n{self.output}", pytrace=False)
