@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 import urllib.error
@@ -51,6 +52,25 @@ class ServerRecord:
     lifetime_s: Optional[float] = None
     log: str = ""
     error: str = ""
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+class LaunchScriptServer(SGLangServer):
+    """``examples/launch_server.sh`` (its own model and flags; ``args`` are appended) under the
+    harness's start / health / stop handling. The harness adds no CPU flags or environment
+    (``cpu=False``): the script must set up a CPU run itself."""
+
+    def __init__(self, args, **kwargs):
+        super().__init__(args, **dict(kwargs, cpu=False))
+        for name in ("TRITON_INTERPRET", "SGLANG_DSPARK_CPU"):
+            self.env.pop(name, None)
+        self.env.update(PYTHON=sys.executable, PORT=str(self.port))
+
+    @property
+    def command(self):
+        return ["bash", str(EXAMPLES / "launch_server.sh"), *self.args]
 
 
 def make_server(name: str, args: List[str], env: Optional[Dict[str, str]] = None,
