@@ -7,10 +7,13 @@ the kernels, with the CPU harness's interpreter speed-up (``cpu_support.patch_la
 
 Tests marked ``own_process`` change process-wide state (they call the plugin's ``register()`` and
 install the CPU-only patches in-process), which must not leak into the other tests of the run.
-They run together in one child pytest (``_OwnProcessRun``, started when collection ends, beside the
-parent's other tests; they share that state, as they share what they need of it): the parent
-collects them as usual (ids, ``-k``, ``-x`` and the summary work as for any test) but runs neither
-their fixtures nor their bodies; each reports the outcome the child gave it.
+They run together in one child pytest (``_ChildRun``; they share that state, as they share what they
+need of it): the parent collects them as usual (ids, ``-k``, ``-x`` and the summary work as for any
+test) but runs neither their fixtures nor their bodies; each reports the outcome the child gave it.
+The kernel tests (``tests/kernels``) run the same way in a second child when other tests run too,
+so that a 2-core machine runs the two longest CPU-bound groups beside the rest; ``pytest
+tests/kernels`` runs them in-process (for ``--pdb``, per-test ``--durations``). Both children start
+when collection ends.
 
 Tests that start an SGLang server are marked ``e2e``, so that the fast loop (``-m "not e2e"``,
 README) starts none: a test without the marker that starts one through the harness
@@ -89,28 +92,47 @@ def pytest_collection_modifyitems(config, items):
                 continue
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-    if os.environ.get(_CHILD_REPORT):
-        return  # the child runs its tests itself
-    own = [item for item in items if item.get_closest_marker("own_process")]
-    run = _OwnProcessRun(exitfirst=config.getoption("maxfail") == 1)
-    for item in own:
-        # Fixtures and body run in the child; here the item only reports the child's outcome.
-        item.setup = item.teardown = lambda: None
-        item.runtest = lambda nodeid=item.nodeid: run.report(nodeid)
-    _OWN_PROCESS_RUN[:] = [run]
+
+
+KERNELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels") + os.sep
+
+
+def _child_group(item):
+    """The child pytest that runs ``item``: ``own_process`` tests (process-wide state), the kernel
+    tests (the longest CPU-bound group, beside the others), or None (this process)."""
+    if item.get_closest_marker("own_process"):
+        return "own_process"
+    if str(item.fspath).startswith(KERNELS_DIR):
+        return "kernels"
+    return None
 
 
 def pytest_collection_finish(session):
-    """Start the child pytest of the selected ``own_process`` tests now: it runs beside the
-    parent's other tests (the second core of a 2-core machine) until the first of them waits
-    for it."""
-    if _OWN_PROCESS_RUN and not session.config.option.collectonly:
-        _OWN_PROCESS_RUN[0].start([item.nodeid for item in session.items if item.get_closest_marker("own_process")])
+    """Hand each child group of the selected tests to a child pytest started now, beside this
+    process's tests (a 2-core machine runs both); the kernel tests only when other tests run too
+    (``pytest tests/kernels`` runs them here). Their items here report the children's outcomes."""
+    if os.environ.get(_CHILD_REPORT) or session.config.option.collectonly:
+        return  # a child runs its tests itself
+    groups = {}
+    for item in session.items:
+        groups.setdefault(_child_group(item), []).append(item)
+    if None not in groups and "own_process" not in groups:
+        groups.pop("kernels", None)
+    for name, group in groups.items():
+        if name is None:
+            continue
+        run = _ChildRun(exitfirst=session.config.getoption("maxfail") == 1)
+        _CHILD_RUNS.append(run)
+        for item in group:
+            # Fixtures and body run in the child; here the item only reports the child's outcome.
+            item.setup = item.teardown = lambda: None
+            item.runtest = lambda nodeid=item.nodeid, run=run: run.report(nodeid)
+        run.start([item.nodeid for item in group])
 
 
 def pytest_sessionfinish(session):
-    if _OWN_PROCESS_RUN:
-        _OWN_PROCESS_RUN[0].stop()  # a session cut short (-x) leaves no child behind
+    for run in _CHILD_RUNS:
+        run.stop()  # a session cut short (-x) leaves no child behind
 
 
 def pytest_runtest_logreport(report):
@@ -124,12 +146,12 @@ def pytest_runtest_logreport(report):
         f.write(json.dumps(entry) + "\n")
 
 
-_OWN_PROCESS_RUN = []  # this session's _OwnProcessRun
+_CHILD_RUNS = []  # this session's child pytests
 
 
-class _OwnProcessRun:
-    """One child ``pytest`` over the selected ``own_process`` tests, started when collection ends
-    (``start``); the first of them waits for it."""
+class _ChildRun:
+    """One child ``pytest`` over a group of the selected tests, started when collection ends
+    (``start``); the first of them to report waits for it."""
 
     def __init__(self, exitfirst: bool):
         self.exitfirst = exitfirst
@@ -143,7 +165,7 @@ class _OwnProcessRun:
         rootdir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self._report = tempfile.NamedTemporaryFile("r", suffix=".jsonl")
         self._log = tempfile.TemporaryFile("w+")
-        # one torch thread: the child shares the machine with the parent's tests
+        # one torch thread: the child shares the machine with this process's tests
         env = dict(os.environ, **{_CHILD_REPORT: self._report.name})
         env.setdefault("OMP_NUM_THREADS", "1")
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *nodeids]
