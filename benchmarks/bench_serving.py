@@ -205,10 +205,10 @@ def server_args(cfg: Config, args) -> List[str]:
     )
 
 
-# SGLang's own serving benchmark client: ``python -m sglang.bench_serving``, which SGLang 0.5.23 keeps
-# as a deprecated alias of this module. It drives every level; this script starts the servers and
-# adds what the client lacks (rounds and their spread, the server's pure decode intervals, the
-# profile's KDA share, the table and the plot).
+# SGLang's own serving benchmark client, ``python -m sglang.bench_serving`` (SGLang 0.5.23 keeps that
+# name as a deprecated alias of the module run here). It drives every level; this script starts the
+# servers and adds what the client lacks (rounds and their spread, the server's pure decode
+# intervals, the profile's KDA share, the table and the plot).
 CLIENT = [sys.executable, "-m", "sglang.benchmark.serving"]
 # The client prints this after its warm-up request and starts the load about a second later.
 CLIENT_LOAD_STARTS = "Starting main benchmark run"
