@@ -15,14 +15,17 @@ ring (``--enable-linear-replayssm``, which needs the no_buffer radix strategy an
 scheduler): ``stock-ring`` (SGLang's buffered decode), ``dspark-ring`` (ours: the factored step),
 ``dspark-ring-rows`` (ours, the step that forms the state every step; by name only).
 
-Per configuration and concurrency ``c``: ``c`` clients send requests back to back (``requests =
-max(16, 8c)``, each a distinct seeded random prompt of ``--prompt-len`` tokens, exactly
-``--output-len`` greedy output tokens, streamed), after ``--warmup-rounds`` unrecorded rounds. Reported: output tokens/s (all output tokens /
-wall time of the level), median inter-token latency (per request ``(t_last - t_first) / (n - 1)``
-over streamed chunks, median over requests), median time to first token, and the speculation
-accept length. With ``--profile`` the torch profiler records ``--profile-steps`` steps of every
-configuration at ``--profile-concurrency`` and reports the share of GPU kernel time in the KDA
-attention core (conv + recurrence / verify / fold kernels, matched by name: ``KDA_KERNEL``).
+Load comes from SGLang's own serving benchmark, ``python -m sglang.bench_serving`` (in SGLang 0.5.23 a
+deprecated alias of ``sglang.benchmark.serving``, which this script runs): per configuration and
+concurrency ``c``, one client run with ``--max-concurrency c`` of ``max(16, 8c)`` requests of seeded
+random token ids (``--dataset-name random-ids``, ``--prompt-len`` tokens, exactly ``--output-len``
+greedy output tokens, streamed), after ``--warmup-rounds`` unrecorded rounds. Recorded from its
+JSON output: output tokens/s, median inter-token latency and time to first token, and the
+server's speculation accept length; this script adds the rounds and their spread, the server's
+pure decode intervals (its own log), the profile and the table. With ``--profile`` the torch
+profiler records ``--profile-steps`` steps of every configuration at ``--profile-concurrency``
+and reports the share of GPU kernel time in the KDA attention core (conv + recurrence / verify /
+fold kernels, matched by name: ``KDA_KERNEL``).
 
 Servers start in parallel (the GPU and Triton cache are shared); each is measured alone, the
 others idle (``--sleep-on-idle``, so they do not spin a CPU core each). ``--max-servers K`` runs the
@@ -42,12 +45,12 @@ import datetime
 import glob
 import gzip
 import json
+import math
 import os
 import re
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -203,74 +206,104 @@ def server_args(cfg: Config, args) -> List[str]:
     )
 
 
-def _prompts(n: int, length: int, seed: int) -> List[List[int]]:
-    import torch
-
-    emittable = tiny_models.emittable_tokens().nonzero().flatten()
-    gen = torch.Generator().manual_seed(seed)
-    return emittable[torch.randint(len(emittable), (n, length), generator=gen)].tolist()
-
-
-def _stream_one(base_url: str, ids: List[int], output_len: int) -> dict:
-    """One streamed greedy /generate; chunk arrival times and the final meta_info."""
-    payload = {
-        "input_ids": ids,
-        "sampling_params": {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True},
-        "stream": True,
-    }
-    req = urllib.request.Request(
-        base_url + "/generate", data=json.dumps(payload).encode(),
-        headers={"Content-Type": "application/json"}, method="POST",
-    )  # fmt: skip
-    t0 = time.perf_counter()
-    times, counts, meta = [], [], {}
-    with urllib.request.urlopen(req, timeout=600) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data:") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            meta = chunk.get("meta_info", meta)
-            times.append(time.perf_counter() - t0)
-            counts.append(meta.get("completion_tokens", 0))
-    n = counts[-1] if counts else 0
-    first = next((t for t, c in zip(times, counts) if c > 0), None)
-    itl = (times[-1] - first) / (n - 1) if first is not None and n > 1 else None
-    return {"tokens": n, "ttft": first, "itl": itl, "accept": meta.get("spec_accept_length")}
+# SGLang's own serving benchmark client, ``python -m sglang.bench_serving`` (SGLang 0.5.23 keeps that
+# name as a deprecated alias of the module run here). It drives every level; this script starts the
+# servers and adds what the client lacks (rounds and their spread, the server's pure decode
+# intervals, the profile's KDA share, the table and the plot).
+CLIENT = [sys.executable, "-m", "sglang.benchmark.serving"]
+# The client prints this after its warm-up request and starts the load about a second later.
+CLIENT_LOAD_STARTS = "Starting main benchmark run"
 
 
-def measure_level(base_url: str, prompts: List[List[int]], concurrency: int, output_len: int) -> dict:
-    """``concurrency`` clients draining ``prompts`` back to back."""
-    queue = list(prompts)
-    lock = threading.Lock()
-    rows: List[dict] = []
+def client_tokenizer(spec: tiny_models.ModelSpec) -> str:
+    """A local tokenizer for the client (it reads the vocabulary size for its random token ids): the
+    target's own, or, for the configs-only models served with ``--skip-tokenizer-init``, the tiny
+    model's (prompt ids then stay below its 512 tokens; the weights are random anyway)."""
+    name = tiny_models.TINY.target_dir if spec.random_weights else spec.target_dir
+    return str(tiny_models.default_out_dir() / name)
 
-    def client():
-        while True:
-            with lock:
-                if not queue:
-                    return
-                ids = queue.pop()
-            rows.append(_stream_one(base_url, ids, output_len))
 
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        for f in [pool.submit(client) for _ in range(concurrency)]:
-            f.result()
-    wall = time.perf_counter() - t0
-    tokens = sum(r["tokens"] for r in rows)
-    accepts = [r["accept"] for r in rows if r["accept"]]
+def client_command(base_url: str, *, concurrency: int, num_prompts: int, prompt_len: int, output_len: int,
+                   seed: int, tokenizer: str, output_file: str) -> List[str]:
+    """The client's command line for one level: ``num_prompts`` requests of ``prompt_len`` random
+    token ids (seeded: the same ``seed`` serves the same prompts) and exactly ``output_len`` greedy
+    output tokens each, streamed, at most ``concurrency`` in flight. ``random-ids`` with
+    ``--tokenize-prompt`` sends token ids and needs no download (``random`` samples ShareGPT text)."""
+    return [
+        *CLIENT, "--backend", "sglang", "--base-url", base_url,
+        "--dataset-name", "random-ids", "--tokenize-prompt", "--tokenizer", tokenizer,
+        "--random-input-len", str(prompt_len), "--random-output-len", str(output_len), "--random-range-ratio", "1",
+        "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency), "--seed", str(seed),
+        "--output-file", output_file, "--disable-tqdm",
+    ]  # fmt: skip
+
+
+def _finite(value) -> Optional[float]:
+    return value if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def read_client_result(path: str, num_prompts: int) -> dict:
+    """One level from the client's ``--output-file`` (JSON lines; the last line is this run):
+    output tokens/s, median inter-token latency and time to first token, the server's accept length
+    (SGLang's ``avg_spec_accept_length``: over all of the server's speculative steps so far), and
+    the client's whole record (``bench_serving``, non-finite numbers as None) without its copy of
+    the server's arguments.
+
+    A server started with ``--skip-tokenizer-init`` streams token ids without text, and the client
+    times tokens by their text: it then reports 0 for every time to first token and inter-token
+    latency, recorded here as None (its tokens/s counts the requested output tokens)."""
+    with open(path) as f:
+        record = [json.loads(line) for line in f if line.strip()][-1]
+    timed = record["median_ttft_ms"] > 0  # text was streamed
+    client = {key: (_finite(value) if isinstance(value, float) else value)
+              for key, value in record.items() if key != "server_info"}
     return {
-        "concurrency": concurrency,
-        "requests": len(rows),
-        "output_tokens": tokens,
-        "wall_s": wall,
-        "tokens_per_s": tokens / wall,
-        "median_itl_ms": 1e3 * statistics.median([r["itl"] for r in rows if r["itl"] is not None]),
-        "median_ttft_ms": 1e3 * statistics.median([r["ttft"] for r in rows if r["ttft"] is not None]),
-        "accept_length": statistics.mean(accepts) if accepts else None,
-        "short_requests": sum(r["tokens"] != output_len for r in rows),
+        "concurrency": record["max_concurrency"],
+        "requests": record["completed"],
+        "failed_requests": num_prompts - record["completed"],
+        "output_tokens": record["total_output_tokens"],
+        "wall_s": record["duration"],
+        "tokens_per_s": record["output_throughput"],
+        "median_itl_ms": record["median_itl_ms"] if timed else None,
+        "median_ttft_ms": record["median_ttft_ms"] if timed else None,
+        "accept_length": record.get("accept_length"),
+        "bench_serving": client,
     }
+
+
+def start_client(server: SGLangServer, args, *, concurrency: int, num_prompts: int, output_len: int, seed: int,
+                 name: str):
+    """The client serving one level to ``server`` in the background: ``(process, its output file,
+    its log)``, both files under ``--log-dir``/client, named ``name``."""
+    folder = os.path.join(args.log_dir, "client")
+    os.makedirs(folder, exist_ok=True)
+    out, log = os.path.join(folder, name + ".jsonl"), os.path.join(folder, name + ".log")
+    if os.path.exists(out):
+        os.remove(out)  # the client appends
+    cmd = client_command(server.base_url, concurrency=concurrency, num_prompts=num_prompts, prompt_len=args.prompt_len,
+                         output_len=output_len, seed=seed, tokenizer=client_tokenizer(tiny_models.SPECS[args.model]),
+                         output_file=out)  # fmt: skip
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    return proc, out, log
+
+
+def finish_client(proc, out: str, log: str, num_prompts: int) -> dict:
+    """Wait for a :func:`start_client` client and read its level."""
+    rc = proc.wait()
+    if rc != 0 or not os.path.exists(out):
+        with open(log, errors="replace") as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"sglang.benchmark.serving exited with {rc} (log {log}):\n{tail}")
+    return read_client_result(out, num_prompts)
+
+
+def measure_level(server: SGLangServer, args, *, concurrency: int, num_prompts: int, output_len: int, seed: int,
+                  name: str) -> dict:
+    """One level served by the client, waited for."""
+    started = start_client(server, args, concurrency=concurrency, num_prompts=num_prompts, output_len=output_len,
+                           seed=seed, name=name)
+    return finish_client(*started, num_prompts)
 
 
 def machine() -> dict:
@@ -555,21 +588,33 @@ def kda_share(trace_dir: str, kda_layers: Optional[int] = None) -> dict:
     }
 
 
+def _wait_for_line(path: str, text: str, proc, timeout: float = 600.0) -> None:
+    """Until the running ``proc`` has written ``text`` into its log ``path`` (or has ended)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        with open(path, errors="replace") as f:
+            if text in f.read():
+                return
+        time.sleep(0.2)
+
+
 def profile(server: SGLangServer, args, out_dir: str, host: bool = False) -> dict:
     """Torch-profile ``--profile-steps`` forward steps under load at ``--profile-concurrency``
     (GPU kernels; with ``host``, also host-side ops and Python functions, which slow the host).
 
-    The load (``4 x concurrency`` requests of ``--output-len`` tokens) outlasts the steps; if no trace appeared when it
-    ends, ``/stop_profile`` writes it."""
+    The load (the client, ``4 x concurrency`` requests of ``--output-len`` tokens) outlasts the
+    steps; the profiler starts a second into it, past the first prefills. If no trace appeared
+    when the load ends, ``/stop_profile`` writes it."""
     os.makedirs(out_dir, exist_ok=True)
     c = args.profile_concurrency
-    prompts = _prompts(4 * c, args.prompt_len, seed=999)
-    load = threading.Thread(target=measure_level, args=(server.base_url, prompts, c, args.output_len))
-    load.start()
-    time.sleep(1.0)  # past the first prefills, into steady decode / verify
+    name = "profile-host" if host else "profile"
+    proc, out, log = start_client(server, args, concurrency=c, num_prompts=4 * c, output_len=args.output_len,
+                                  seed=999, name=f"{os.path.basename(out_dir)}-{name}")  # fmt: skip
+    _wait_for_line(log, CLIENT_LOAD_STARTS, proc)
+    time.sleep(2.0)  # the client's own pause before the load, then a second into it
     activities = ["CPU", "GPU"] if host else ["GPU"]
     _post_text(server, "/start_profile", {"output_dir": out_dir, "num_steps": args.profile_steps, "activities": activities})
-    load.join()
+    finish_client(proc, out, log, 4 * c)
 
     def traces():
         return glob.glob(os.path.join(out_dir, "**", "*.json*"), recursive=True)
@@ -614,9 +659,13 @@ def start_all(configs: List[Config], args) -> Dict[str, dict]:
 WARMUP_SEED = 7_000_000  # warm-up prompts: seeds far from the measured rounds' 1000 * round + c
 
 
-def _level_prompts(c: int, args, seed: int) -> List[List[int]]:
-    """The prompts of one round at concurrency ``c``: ``max(16, 8c)`` requests."""
-    return _prompts(max(16, 8 * c), args.prompt_len, seed=seed)
+def level_requests(c: int) -> int:
+    """The requests of one round at concurrency ``c``."""
+    return max(16, 8 * c)
+
+
+def _ms(value: Optional[float]) -> str:
+    return f"{value:.2f} ms" if value is not None else "-"
 
 
 def measure_all(runs: Dict[str, dict], args, save) -> None:
@@ -626,30 +675,39 @@ def measure_all(runs: Dict[str, dict], args, save) -> None:
     c``), so rounds of separate runs pair up (``benchmarks/compare_serving.py``). Saves after each round."""
     live = {name: run for name, run in runs.items() if run.get("server")}
     top = max(args.concurrency)
-    for run in live.values():  # warm every batch size once
-        measure_level(run["server"].base_url, _prompts(top, args.prompt_len, seed=7), top, 8)
+    for name, run in live.items():  # warm every batch size once
+        measure_level(run["server"], args, concurrency=top, num_prompts=top, output_len=8, seed=7, name=f"{name}-warm")
     # full-length rounds that are not recorded: in one of two kimi48 runs (H200, 2026-12-03,
     # docs/guide/gpu-serving.md) a fresh server's first rounds ran 6-15 % below its later ones
     for rep in range(args.warmup_rounds):
         for c in args.concurrency:
-            prompts = _level_prompts(c, args, seed=WARMUP_SEED + 1000 * rep + c)
             for name, run in live.items():
-                level = measure_level(run["server"].base_url, prompts, c, args.output_len)
+                level = measure_level(run["server"], args, concurrency=c, num_prompts=level_requests(c),
+                                      output_len=args.output_len, seed=WARMUP_SEED + 1000 * rep + c,
+                                      name=f"{name}-warmup{rep + 1}-c{c}")  # fmt: skip
                 print(f"[{name}] warm-up round {rep + 1} c={c}: {level['tokens_per_s']:.0f} tok/s (not recorded)", flush=True)
     for rep in range(args.repeats):
         for c in args.concurrency:
-            prompts = _level_prompts(c, args, seed=1000 * (rep + 1) + c)
             for name, run in live.items():
                 offset = _log_size(run["server"])
-                level = measure_level(run["server"].base_url, prompts, c, args.output_len)
+                level = measure_level(run["server"], args, concurrency=c, num_prompts=level_requests(c),
+                                      output_len=args.output_len, seed=1000 * (rep + 1) + c,
+                                      name=f"{name}-round{rep + 1}-c{c}")  # fmt: skip
                 level["decode_intervals_tok_s"] = decode_intervals(_log_since(run["server"], offset), c)
                 run["samples"].setdefault(str(c), []).append(level)
                 found = level["decode_intervals_tok_s"]
                 decode = f"{statistics.median(found):.0f} tok/s over {len(found)}" if found else "none"
                 print(f"[{name}] round {rep + 1} c={c}: {level['tokens_per_s']:.0f} tok/s, "
-                      f"ITL {level['median_itl_ms']:.2f} ms, accept {level['accept_length']}, "
+                      f"ITL {_ms(level['median_itl_ms'])}, accept {level['accept_length']}, "
                       f"server's pure decode intervals: {decode}", flush=True)  # fmt: skip
         save()
+
+
+def _median_of(samples: List[dict], key: str) -> Optional[float]:
+    """The median of the rounds' ``key``, None where no round measured it (token-id-only servers:
+    :func:`read_client_result`)."""
+    found = [s[key] for s in samples if s.get(key) is not None]
+    return statistics.median(found) if found else None
 
 
 def summarize(run: dict) -> List[dict]:
@@ -666,8 +724,8 @@ def summarize(run: dict) -> List[dict]:
             "tokens_per_s": statistics.median(tps),
             "tokens_per_s_min": min(tps),
             "tokens_per_s_max": max(tps),
-            "median_itl_ms": statistics.median(s["median_itl_ms"] for s in samples),
-            "median_ttft_ms": statistics.median(s["median_ttft_ms"] for s in samples),
+            "median_itl_ms": _median_of(samples, "median_itl_ms"),
+            "median_ttft_ms": _median_of(samples, "median_ttft_ms"),
             "accept_length": statistics.mean(accepts) if accepts else None,
             "decode_tok_s": statistics.median(decode) if decode else None,
             "decode_intervals": len(decode),
@@ -693,7 +751,7 @@ def render(result: dict) -> str:
             f"{by_c[c]['tokens_per_s']:.0f}" + (f" ({by_c[c]['tokens_per_s'] / stock[c]:.2f}x)" if stock.get(c) else "")
             for c in levels
         ]
-        itl = [f"{by_c[c]['median_itl_ms']:.2f}" for c in levels]
+        itl = [f"{by_c[c]['median_itl_ms']:.2f}" if by_c[c].get("median_itl_ms") is not None else "-" for c in levels]
         decode = [f"{by_c[c]['decode_tok_s']:.0f} ({by_c[c]['decode_intervals']})" if by_c[c].get("decode_tok_s")
                   else "-" for c in levels]
         accepts = [lv["accept_length"] for lv in row["levels"] if lv["accept_length"]]
@@ -797,6 +855,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "driver": subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                                  capture_output=True, text=True).stdout.strip() if torch.cuda.is_available() else None,
         "machine": machine(),
+        "client": " ".join(CLIENT[1:]),
         "args": vars(args),
         "runs": {},
     }  # fmt: skip

@@ -259,20 +259,17 @@ def test_table_shows_speedup_over_stock_and_errors():
 
 
 def test_warmup_rounds_are_served_in_full_but_not_recorded(monkeypatch, tmp_path):
-    served = []  # (seed, concurrency, output_len) of every level served
+    served = []  # (seed, concurrency, requests, output_len) of every level the client served
     log = tmp_path / "server.log"
 
-    def fake_prompts(n, length, seed):
-        return [[seed]] * n
-
-    def fake_level(url, prompts, c, output_len):
-        served.append((prompts[0][0], c, output_len))
+    def fake_level(server, args, *, concurrency, num_prompts, output_len, seed, name):
+        served.append((seed, concurrency, num_prompts, output_len))
         # the server logs two full-batch decode intervals of this level (the first follows a prefill)
         with open(log, "a") as f:
-            f.write("\n".join([_prefill_line(c), _decode_line(c, 1.0), _decode_line(c, 100.0 * len(served))]) + "\n")
+            f.write("\n".join([_prefill_line(concurrency), _decode_line(concurrency, 1.0),
+                               _decode_line(concurrency, 100.0 * len(served))]) + "\n")
         return {"tokens_per_s": float(len(served)), "median_itl_ms": 1.0, "accept_length": None}
 
-    monkeypatch.setattr(bench_serving, "_prompts", fake_prompts)
     monkeypatch.setattr(bench_serving, "measure_level", fake_level)
 
     class Server:
@@ -283,12 +280,12 @@ def test_warmup_rounds_are_served_in_full_but_not_recorded(monkeypatch, tmp_path
     args = type("Args", (), {"concurrency": [2, 4], "prompt_len": 8, "output_len": 32, "repeats": 2, "warmup_rounds": 1})
     bench_serving.measure_all(runs, args, save=lambda: None)
     # the batch-size warm-up (8 tokens), one full-length warm-up round per level, then the rounds
-    assert served[0] == (7, 4, 8)
+    assert served[0] == (7, 4, 4, 8)
     warm = served[1:3]
-    assert [(c, n) for _, c, n in warm] == [(2, 32), (4, 32)]
+    assert [(c, n, out) for _, c, n, out in warm] == [(2, 16, 32), (4, 32, 32)]  # max(16, 8c) requests
     measured = served[3:]
-    assert [s for s, _, _ in measured] == [1002, 1004, 2002, 2004]  # seeds 1000 r + c, as before
-    assert not {s for s, _, _ in warm} & {s for s, _, _ in measured}
+    assert [s for s, _, _, _ in measured] == [1002, 1004, 2002, 2004]  # seeds 1000 r + c, as before
+    assert not {s for s, _, _, _ in warm} & {s for s, _, _, _ in measured}
     # only the measured rounds are recorded, in order
     assert [x["tokens_per_s"] for x in runs["a"]["samples"]["2"]] == [4.0, 6.0]
     assert [x["tokens_per_s"] for x in runs["a"]["samples"]["4"]] == [5.0, 7.0]
@@ -514,3 +511,105 @@ def test_configs_run_in_the_order_given():
     assert [c.name for c in bench_serving.selected_configs(",".join(reversed(names)))] == names[::-1]
     with pytest.raises(SystemExit, match="no-such-config"):
         bench_serving.selected_configs("stock-ring,no-such-config")
+
+
+def _client_args(monkeypatch, cmd):
+    """``cmd`` (a :func:`bench_serving.client_command`) as the client's own parser reads it: its
+    ``cli_main`` with ``run_benchmark`` replaced by a catch (nothing is sent)."""
+    serving = pytest.importorskip("sglang.benchmark.serving")
+    assert cmd[:3] == [sys.executable, "-m", "sglang.benchmark.serving"]
+    parsed = []
+    monkeypatch.setattr(serving, "run_benchmark", parsed.append)
+    monkeypatch.setattr(sys, "argv", ["serving.py", *cmd[3:]])
+    serving.cli_main()
+    (args,) = parsed
+    return args
+
+
+def test_load_comes_from_sglangs_serving_benchmark_with_the_levels_parameters(monkeypatch):
+    import sglang.bench_serving  # the name users run: in SGLang 0.5.23 an alias of sglang.benchmark.serving
+    import sglang.benchmark.serving as serving
+
+    assert sglang.bench_serving.cli_main is serving.cli_main
+    cmd = bench_serving.client_command("http://127.0.0.1:30000", concurrency=8, num_prompts=64, prompt_len=48,
+                                       output_len=128, seed=1008, tokenizer="/tok", output_file="/out.jsonl")
+    args = _client_args(monkeypatch, cmd)
+    assert (args.backend, args.base_url, args.tokenizer, args.output_file) == (
+        "sglang", "http://127.0.0.1:30000", "/tok", "/out.jsonl")
+    # seeded random token ids, sent as ids: no dataset download, exactly 48 prompt tokens
+    assert (args.dataset_name, args.tokenize_prompt, args.seed) == ("random-ids", True, 1008)
+    assert (args.random_input_len, args.random_output_len, args.random_range_ratio) == (48, 128, 1.0)
+    assert (args.num_prompts, args.max_concurrency, args.request_rate) == (64, 8, float("inf"))
+    # greedy, streamed, exactly output_len tokens per request
+    assert (args.temperature, args.disable_ignore_eos, args.disable_stream) == (0.0, False, False)
+
+
+def test_the_clients_prompts_have_the_exact_length_and_the_seed_fixes_them(monkeypatch):
+    """Round r at concurrency c serves the same prompts in every run (seed 1000 r + c): the client's
+    own dataset code, as its run seeds it, on the tokenizer ``client_tokenizer`` gives it."""
+    import random
+
+    import numpy as np
+    from sglang.benchmark.datasets import get_dataset
+    from sglang.benchmark.utils import get_tokenizer
+
+    tokenizers = {name: bench_serving.client_tokenizer(bench_serving.tiny_models.SPECS[name]) for name in ("kimi32", "kimi48")}
+    assert tokenizers["kimi48"].endswith("tiny-kimi-linear")  # served token ids only: the tiny model's tokenizer
+    tokenizer = get_tokenizer(tokenizers["kimi48"])
+
+    def prompts(seed, n=16):
+        cmd = bench_serving.client_command("http://x", concurrency=2, num_prompts=n, prompt_len=48, output_len=8,
+                                           seed=seed, tokenizer=tokenizers["kimi48"], output_file="/o")
+        args = _client_args(monkeypatch, cmd)
+        random.seed(args.seed)  # what the client's run does first
+        np.random.seed(args.seed)
+        return get_dataset(args, tokenizer, "m")
+
+    first, again, other = prompts(1002), prompts(1002), prompts(2002)
+    assert [r.prompt for r in first] == [r.prompt for r in again]
+    assert [r.prompt for r in first] != [r.prompt for r in other]
+    assert len({tuple(r.prompt) for r in first}) == 16  # distinct prompts
+    for row in first:
+        assert len(row.prompt) == row.prompt_len == 48 and row.output_len == 8
+        assert all(isinstance(t, int) and 0 <= t < tokenizer.vocab_size for t in row.prompt)
+
+
+CLIENT_OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "bench_serving")
+
+
+def test_a_level_is_read_from_the_clients_json_output():
+    """Real output files of ``sglang.benchmark.serving`` (the command line of ``client_command``,
+    2 in flight, 16-token prompts, 6 output tokens), their ``server_info`` (the server's
+    arguments) left out: the tiny model on CPU with the plugin and DSPARK gamma 3 (16 requests;
+    text streamed), and the same server started with ``--skip-tokenizer-init`` (4 requests;
+    token ids only, as the configs-only benchmark models serve)."""
+    with open(os.path.join(CLIENT_OUTPUT, "tiny_dspark_g3_c2.jsonl")) as f:
+        raw = json.loads(f.read())
+    level = bench_serving.read_client_result(os.path.join(CLIENT_OUTPUT, "tiny_dspark_g3_c2.jsonl"), num_prompts=16)
+    assert (level["concurrency"], level["requests"], level["failed_requests"]) == (2, 16, 0)
+    assert level["output_tokens"] == 16 * 6 == raw["total_output_tokens"]
+    assert level["tokens_per_s"] == raw["output_throughput"] == pytest.approx(level["output_tokens"] / level["wall_s"])
+    assert (level["median_itl_ms"], level["median_ttft_ms"]) == (raw["median_itl_ms"], raw["median_ttft_ms"])
+    assert level["median_itl_ms"] > 0 and level["median_ttft_ms"] > 0
+    assert level["accept_length"] == raw["accept_length"] and 1.0 < level["accept_length"] <= 4.0  # gamma 3
+    # the client's record rides along, as strict JSON (its infinite request rate as None)
+    assert "server_info" not in level["bench_serving"] and level["bench_serving"]["request_rate"] is None
+    assert level["bench_serving"]["p99_itl_ms"] == raw["p99_itl_ms"]
+    json.dumps(level, allow_nan=False)
+
+    ids_only = bench_serving.read_client_result(os.path.join(CLIENT_OUTPUT, "tiny_token_ids_only_c2.jsonl"), num_prompts=5)
+    assert (ids_only["requests"], ids_only["failed_requests"], ids_only["output_tokens"]) == (4, 1, 4 * 6)
+    assert ids_only["bench_serving"]["median_ttft_ms"] == ids_only["bench_serving"]["median_itl_ms"] == 0.0
+    assert ids_only["median_itl_ms"] is None and ids_only["median_ttft_ms"] is None  # not timed: no text
+    assert ids_only["tokens_per_s"] > 0
+
+
+def test_untimed_levels_show_as_missing_in_the_summary_and_the_table():
+    timed = {"tokens_per_s": 10.0, "median_itl_ms": 3.0, "median_ttft_ms": 9.0, "accept_length": None}
+    untimed = {"tokens_per_s": 12.0, "median_itl_ms": None, "median_ttft_ms": None, "accept_length": None}
+    (level,) = bench_serving.summarize({"samples": {"4": [timed, untimed]}})
+    assert (level["tokens_per_s"], level["median_itl_ms"], level["median_ttft_ms"]) == (11.0, 3.0, 9.0)
+    (level,) = bench_serving.summarize({"samples": {"4": [untimed]}})
+    assert level["median_itl_ms"] is None and level["median_ttft_ms"] is None
+    table = bench_serving.render({"args": {"concurrency": [4]}, "runs": {"kimi48": {"levels": [level]}}})
+    assert "| kimi48 | 12 | - | - | - | - | - | - |" in table

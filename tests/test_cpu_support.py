@@ -12,6 +12,10 @@ import textwrap
 
 import pytest
 import torch
+import triton
+import triton.language as tl
+
+from sglang_dspark_plugin.harness import cpu_support
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only patches; apply() is a no-op with CUDA")
 
@@ -143,5 +147,32 @@ def test_apply_installs_every_patch_in_a_fresh_process():
         [sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "OK 17 patches" in proc.stdout, proc.stdout[-2000:]  # 6 interpreter shims, 11 device gates
+    assert "OK 18 patches" in proc.stdout, proc.stdout[-2000:]  # 7 interpreter shims, 11 device gates
     assert "Executed general plugin: dspark_cpu" in proc.stderr
+
+
+@triton.jit
+def _double(x):
+    return x * 2
+
+
+@triton.jit
+def _quadruple_kernel(x_ptr, y_ptr):
+    i = tl.arange(0, 4)
+    tl.store(y_ptr + i, _double(_double(tl.load(x_ptr + i))))
+
+
+def test_the_interpreter_patches_the_language_once_per_launch(monkeypatch):
+    """Shim 7 (installed in this process by tests/conftest.py): a launch patches ``triton.language``
+    once, its helper calls not again, and they compute as before."""
+    from triton.runtime import interpreter
+
+    assert cpu_support.patch_language_once_per_launch() is False  # already installed: idempotent
+    patched = []
+    patch_lang = interpreter._patch_lang
+    monkeypatch.setattr(interpreter, "_patch_lang", lambda fn: patched.append(fn.__name__) or patch_lang(fn))
+    x = torch.arange(4.0)
+    y = torch.empty(4)
+    _quadruple_kernel[(1,)](x, y)
+    assert torch.equal(y, 4 * x)
+    assert patched == ["_quadruple_kernel"]

@@ -149,3 +149,21 @@ def test_every_result_is_cited_by_a_doc():
     cited_runs = {name.split(".", 1)[0] for files in cited_results().values() for name in files}
     uncited = sorted(name for name in _results() if name.split(".", 1)[0] not in cited_runs)
     assert not uncited, f"in benchmarks/results/ but cited by no doc (delete, or cite where used): {uncited}"
+
+
+def test_the_fast_loop_leaves_out_every_server_test():
+    """README's fast loop (also in docs/guide/cpu-testing.md) deselects the ``e2e`` marker, which
+    pyproject.toml declares and every module of the served suites carries (tests/conftest.py also
+    fails a test that starts a server without it); .ci/run runs the README's whole-suite command."""
+    import tomllib
+
+    fast = 'python -m pytest -m "not e2e"'
+    assert f".venv/bin/{fast}" in (ROOT / "README.md").read_text()
+    assert fast in (ROOT / "docs" / "guide" / "cpu-testing.md").read_text()
+    markers = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(m.startswith("e2e:") for m in markers)
+    served = sorted((ROOT / "tests" / "e2e").glob("test_*.py")) + sorted((ROOT / "tests" / "gpu").glob("test_*.py"))
+    unmarked = [p.name for p in served if not re.search(r"^pytestmark = .*pytest\.mark\.e2e", p.read_text(), re.M)]
+    assert served and not unmarked, unmarked
+    whole_suite = ".venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest -ra"
+    assert whole_suite in (ROOT / "README.md").read_text() and whole_suite in (ROOT / ".ci" / "run").read_text()

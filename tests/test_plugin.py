@@ -54,7 +54,9 @@ PROCESS_STATE = """
 """
 
 
-def _load_plugins_and_report(env: dict) -> tuple[dict, subprocess.CompletedProcess]:
+def _load_plugins_and_report(env: dict, then: str = "") -> tuple[dict, subprocess.CompletedProcess]:
+    """Load SGLang's plugins in a fresh interpreter with ``env`` and report what changed (``STATE``);
+    ``then``: more code run after the report, in the same interpreter."""
     load = """
         import logging
         logging.basicConfig(level=logging.INFO)
@@ -69,7 +71,7 @@ def _load_plugins_and_report(env: dict) -> tuple[dict, subprocess.CompletedProce
         print("FACTORY", "dspark" in ATTENTION_BACKENDS, ATTENTION_BACKEND_CHOICES.count("dspark"), _hook_installed())
     """
     proc = run_python(
-        textwrap.dedent(load) + textwrap.dedent(PROCESS_STATE),
+        textwrap.dedent(load) + textwrap.dedent(PROCESS_STATE) + textwrap.dedent(then),
         env=env,
         replace_env=True,
     )
@@ -78,7 +80,29 @@ def _load_plugins_and_report(env: dict) -> tuple[dict, subprocess.CompletedProce
     return json.loads(line[len("STATE "):]), proc
 
 
-def test_entry_points_register_dspark_and_change_nothing_else():
+PARSE_ARGS = """
+    import argparse
+    from sglang.srt.server_args import ServerArgs
+    parser = argparse.ArgumentParser(prog="sglang serve")
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--model-path", "m", "--attention-backend", "dspark",
+                            "--decode-attention-backend", "dspark"])
+    print("PARSED", ns.attention_backend, ns.decode_attention_backend)
+"""
+PARSE = """
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+""" + PARSE_ARGS
+
+
+@pytest.fixture(scope="module")
+def plain_process():
+    """A process that loads the plugins without opting in to the CPU path, reports its state, then
+    parses a command line with ``--attention-backend dspark`` (one fresh interpreter for both)."""
+    return _load_plugins_and_report(_env_without("TRITON_INTERPRET", "SGLANG_DSPARK_CPU"), then=PARSE_ARGS)
+
+
+def test_entry_points_register_dspark_and_change_nothing_else(plain_process):
     """With the plugin installed, a process that does not opt in to the CPU path is SGLang as
     without the plugin: dspark is registered (a choice, a factory, name aliases, a hook that passes
     other backends through), and no environment variable, module flag or torch/Triton method
@@ -90,8 +114,7 @@ def test_entry_points_register_dspark_and_change_nothing_else():
     assert eps["dspark"] == "sglang_dspark_plugin:register"
     assert eps["dspark_cpu"] == "sglang_dspark_plugin.harness.cpu_support:apply_if_requested"
 
-    plain = _env_without("TRITON_INTERPRET", "SGLANG_DSPARK_CPU")
-    state, proc = _load_plugins_and_report(plain)
+    state, proc = plain_process
     assert "FACTORY True 1 True" in proc.stdout
     assert "dspark plugin registered" in proc.stderr
     untouched = dict(
@@ -161,22 +184,8 @@ def test_hook_applied_too_early_by_another_plugin_is_reported():
     assert "FACTORY DSPARK-E002" in proc.stdout
 
 
-PARSE = """
-    import argparse
-    from sglang.srt.plugins import load_plugins
-    load_plugins()
-    from sglang.srt.server_args import ServerArgs
-    parser = argparse.ArgumentParser(prog="sglang serve")
-    ServerArgs.add_cli_args(parser)
-    ns = parser.parse_args(["--model-path", "m", "--attention-backend", "dspark",
-                            "--decode-attention-backend", "dspark"])
-    print("PARSED", ns.attention_backend, ns.decode_attention_backend)
-"""
-
-
-def test_cli_parser_accepts_dspark():
-    proc = run_python(PARSE)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_cli_parser_accepts_dspark(plain_process):
+    _, proc = plain_process
     assert "PARSED dspark dspark" in proc.stdout
 
 
@@ -197,44 +206,49 @@ def test_launch_server_help_lists_dspark():
     assert ",dspark" in line or "{dspark" in line
 
 
-def test_full_attention_delegate_follows_gpu_architecture():
-    proc = run_python(
-        """
-        from sglang.srt.runtime_context import override_platform
-        from sglang_dspark_plugin.plugin import full_attention_delegate
-        with override_platform(is_hopper_with_cuda_12_3=True, is_blackwell=False):
-            print("HOPPER", full_attention_delegate())
-        with override_platform(is_hopper_with_cuda_12_3=False, is_blackwell=True):
-            print("BLACKWELL", full_attention_delegate())
-        with override_platform(is_hopper_with_cuda_12_3=False, is_blackwell=False):
-            print("OTHER", full_attention_delegate())
-        """
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "HOPPER fa3" in proc.stdout
-    assert "BLACKWELL flashinfer" in proc.stdout
-    assert "OTHER triton" in proc.stdout
+DELEGATE = """
+    from sglang.srt.runtime_context import override_platform
+    from sglang_dspark_plugin.plugin import full_attention_delegate
+    with override_platform(is_hopper_with_cuda_12_3=True, is_blackwell=False):
+        print("HOPPER", full_attention_delegate())
+    with override_platform(is_hopper_with_cuda_12_3=False, is_blackwell=True):
+        print("BLACKWELL", full_attention_delegate())
+    with override_platform(is_hopper_with_cuda_12_3=False, is_blackwell=False):
+        print("OTHER", full_attention_delegate())
+"""
+# On Hopper the delegate is fa3: the MLA handler, absorb-core and chunked-prefix tables must
+# treat "dspark" exactly like "fa3".
+NAME_ALIASES = """
+    from sglang.srt.arg_groups.choices import CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS as chunked
+    from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry as reg
+    from sglang.srt.models.deepseek_common.utils import FORWARD_ABSORB_CORE_ATTENTION_BACKENDS as absorb
+    from sglang_dspark_plugin.plugin import _register_name_aliases
+    assert "dspark" not in absorb and "dspark" not in chunked
+    _register_name_aliases("fa3")
+    _register_name_aliases("fa3")
+    print("HANDLER", reg.get_handler("dspark") is reg.get_handler("fa3"))
+    print("ABSORB", absorb.count("dspark"), "CHUNKED", chunked.count("dspark"))
+"""
 
 
-def test_name_aliases_mirror_the_delegate():
-    # On Hopper the delegate is fa3: the MLA handler, absorb-core and chunked-prefix tables must
-    # treat "dspark" exactly like "fa3".
-    proc = run_python(
-        """
-        from sglang.srt.arg_groups.choices import CHUNKED_PREFIX_CACHE_SUPPORTED_ATTENTION_BACKENDS as chunked
-        from sglang.srt.models.deepseek_common.attention_backend_handler import AttentionBackendRegistry as reg
-        from sglang.srt.models.deepseek_common.utils import FORWARD_ABSORB_CORE_ATTENTION_BACKENDS as absorb
-        from sglang_dspark_plugin.plugin import _register_name_aliases
-        assert "dspark" not in absorb and "dspark" not in chunked
-        _register_name_aliases("fa3")
-        _register_name_aliases("fa3")
-        print("HANDLER", reg.get_handler("dspark") is reg.get_handler("fa3"))
-        print("ABSORB", absorb.count("dspark"), "CHUNKED", chunked.count("dspark"))
-        """
-    )
+@pytest.fixture(scope="module")
+def delegate_process():
+    """The delegate choice per GPU architecture (reads the platform, changes nothing), then the
+    name aliases of the fa3 delegate, in one fresh interpreter."""
+    proc = run_python(textwrap.dedent(DELEGATE) + textwrap.dedent(NAME_ALIASES))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "HANDLER True" in proc.stdout
-    assert "ABSORB 1 CHUNKED 1" in proc.stdout
+    return proc
+
+
+def test_full_attention_delegate_follows_gpu_architecture(delegate_process):
+    assert "HOPPER fa3" in delegate_process.stdout
+    assert "BLACKWELL flashinfer" in delegate_process.stdout
+    assert "OTHER triton" in delegate_process.stdout
+
+
+def test_name_aliases_mirror_the_delegate(delegate_process):
+    assert "HANDLER True" in delegate_process.stdout
+    assert "ABSORB 1 CHUNKED 1" in delegate_process.stdout
 
 
 # --- in-process: factory + hook on real SGLang construction --------------------------------

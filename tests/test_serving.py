@@ -163,3 +163,18 @@ def test_tiny_engine_kwargs_adds_the_cpu_run_without_a_gpu(monkeypatch):
     monkeypatch.setattr(serving, "gpu_available", lambda: True)
     assert serving.tiny_engine_kwargs(args) == {k: v for k, v in serving.engine_kwargs(args).items()
                                                 if k != "skip_server_warmup"}
+
+
+@pytest.mark.parametrize("launcher", ["launch_server", "serve"])
+def test_a_test_not_marked_e2e_cannot_start_an_sglang_server(tmp_path, launcher):
+    """tests/conftest.py keeps the fast loop (``-m "not e2e"``) free of servers: a test without the
+    ``e2e`` marker that starts an SGLang server fails at the start, before anything is launched
+    (the stand-in servers above, which are not SGLang, start as usual)."""
+    server = SGLangServer(["--model-path", str(tmp_path)], cpu=False, quiet=True, log_path=tmp_path / "s.log",
+                          startup_timeout=1, launcher=launcher)
+    try:
+        with pytest.raises(pytest.fail.Exception, match="not marked e2e"):
+            server.start()
+        assert server.proc is None
+    finally:
+        server.stop()

@@ -5,8 +5,8 @@ tiny Kimi-Linear (``sglang_dspark_plugin.harness.tiny_models``), started through
 Cost model (2-core CPU machine, Triton interpreter): a server start is ~45-75 s, a greedy
 12-token request ~4-10 s. So servers are shared: the baseline (no speculation) runs once per
 session, computes every expected output and is stopped before the speculative servers start;
-each speculative configuration is one module-scoped server that all its tests share. Only one
-server runs at a time.
+each configuration is one module-scoped server that all its tests share, and the next one
+starts in the background meanwhile (``PREFETCH``, ``e2e_kit.next_param``).
 """
 
 from __future__ import annotations

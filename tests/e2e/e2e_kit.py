@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 import urllib.error
@@ -53,6 +54,25 @@ class ServerRecord:
     error: str = ""
 
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+class LaunchScriptServer(SGLangServer):
+    """``examples/launch_server.sh`` (its own model and flags; ``args`` are appended) under the
+    harness's start / health / stop handling. The harness adds no CPU flags or environment
+    (``cpu=False``): the script must set up a CPU run itself."""
+
+    def __init__(self, args, **kwargs):
+        super().__init__(args, **dict(kwargs, cpu=False))
+        for name in ("TRITON_INTERPRET", "SGLANG_DSPARK_CPU"):
+            self.env.pop(name, None)
+        self.env.update(PYTHON=sys.executable, PORT=str(self.port))
+
+    @property
+    def command(self):
+        return ["bash", str(EXAMPLES / "launch_server.sh"), *self.args]
+
+
 def make_server(name: str, args: List[str], env: Optional[Dict[str, str]] = None,
                 server_cls=SGLangServer, **server_kwargs) -> SGLangServer:
     """A not yet started server, registered for the timing summary and the no-orphan check.
@@ -72,9 +92,11 @@ def start_server(
     args: List[str],
     env: Optional[Dict[str, str]] = None,
     server: Optional[SGLangServer] = None,
+    **server_kwargs,
 ) -> SGLangServer:
-    """Start a server (raises ``ServerStartError``, stopping it first); the caller must stop it."""
-    server = server or make_server(name, args, env)
+    """Start a server (raises ``ServerStartError``, stopping it first); the caller must stop it.
+    ``server_kwargs`` go to :func:`make_server`."""
+    server = server or make_server(name, args, env, **server_kwargs)
     record = server._record
     server._t0 = time.monotonic()
     try:
@@ -116,10 +138,10 @@ class Prefetcher:
         self._pending: Dict[str, tuple] = {}
         self.enabled = os.environ.get("DSPARK_E2E_PREFETCH", "1") != "0"
 
-    def start(self, name: str, args: List[str], env: Optional[Dict[str, str]] = None) -> None:
+    def start(self, name: str, args: List[str], env: Optional[Dict[str, str]] = None, **server_kwargs) -> None:
         if name in self._pending or not self.enabled:
             return
-        server = make_server(name, args, env)
+        server = make_server(name, args, env, **server_kwargs)
         holder: dict = {}
 
         def run():
@@ -132,10 +154,10 @@ class Prefetcher:
         thread.start()
         self._pending[name] = (thread, server, holder)
 
-    def take(self, name: str, args: List[str], env: Optional[Dict[str, str]] = None) -> SGLangServer:
+    def take(self, name: str, args: List[str], env: Optional[Dict[str, str]] = None, **server_kwargs) -> SGLangServer:
         """The prefetched server ``name`` (waiting for its start), or a fresh start."""
         if name not in self._pending:
-            return start_server(name, args, env)
+            return start_server(name, args, env, **server_kwargs)
         thread, server, holder = self._pending.pop(name)
         thread.join()
         if "error" in holder:
@@ -174,7 +196,21 @@ def prefetch_spec_server(index: int) -> None:
     """Start the ``index``-th speculative server of this session in the background."""
     if 0 <= index < len(SPEC_ORDER):  # (skipped configurations are not in SPEC_ORDER)
         config = SPEC_CONFIGS_BY_NAME[SPEC_ORDER[index]]
-        PREFETCH.start(config.name, config.args(), env=config.env())
+        PREFETCH.start(config.name, config.args(), env=config.env(), **config.server_kwargs())
+
+
+def next_param(session, fixture: str, current=None):
+    """The parameter of the module-scoped ``fixture`` that this session's tests use after
+    ``current`` (the first one when ``current`` is None; None when there is none). A parametrized
+    server fixture starts that server in the background (``PREFETCH``) while the tests of the
+    current one run; ``-k`` selections and pytest's ordering are taken into account."""
+    order = []  # the fixture's parameters in the order the session's tests use them
+    for item in session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if fixture in params and params[fixture] not in order:
+            order.append(params[fixture])
+    following = order if current is None else order[order.index(current) + 1:] if current in order else []
+    return following[0] if following else None
 
 
 # ----------------------------------------------------------------------------------------------

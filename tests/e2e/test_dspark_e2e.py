@@ -21,6 +21,7 @@ one-token next-token function, see ``tiny_models.py`` and docs/guide/cpu-testing
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -39,6 +40,7 @@ from sglang_dspark_plugin.settings import gpu_available
 from served_log import assert_served_by_plugin as assert_served_by_plugin_log
 
 from e2e_kit import (
+    EXAMPLES,
     MAX_TOKENS,
     PER_CONFIG_PROMPTS,
     PREFETCH,
@@ -46,6 +48,7 @@ from e2e_kit import (
     SPEC_ORDER,
     SPEC_STATS,
     STREAM_PROMPTS,
+    LaunchScriptServer,
     assert_served_by_plugin,
     assert_speculation_consistent,
     chat,
@@ -53,7 +56,6 @@ from e2e_kit import (
     completion,
     completion_stream,
     generate,
-    make_server,
     prefetch_spec_server,
     raw_post,
     speculation_row,
@@ -102,8 +104,13 @@ class SpecConfig:
     decode_ring: bool = False  # --enable-linear-replayssm (plain decode through SGLang's decode ring)
     lazy: bool = False  # the lazy record ring (--disable-radix-cache makes it safe on CPU); else every commit folds
     buffered_decode: Optional[str] = None  # SGLANG_DSPARK_BUFFERED_DECODE (decode ring); None = factored
+    # how the server starts: "launch_server"; "serve": SGLang's CLI, ``sglang serve``; "example":
+    # ``examples/launch_server.sh`` (its own flags: the tiny model, dspark, DSPARK, snapshot commit)
+    launcher: str = "launch_server"
 
     def args(self):
+        if self.launcher == "example":
+            return []
         extra = ["--disable-radix-cache"] if self.lazy else []
         if self.sps_table:
             table = default_out_dir() / DRAFT_DIR / SPS_TABLE_FILE
@@ -117,7 +124,14 @@ class SpecConfig:
         env["SGLANG_DSPARK_LAZY_RECORDS"] = "1" if self.lazy else "0"  # say which commit runs
         if self.buffered_decode is not None:
             env["SGLANG_DSPARK_BUFFERED_DECODE"] = self.buffered_decode
+        if self.launcher == "example":
+            env["GAMMA"] = str(self.gamma)  # the script's block size
         return env
+
+    def server_kwargs(self):
+        if self.launcher == "example":
+            return {"server_cls": LaunchScriptServer}
+        return {"launcher": self.launcher}
 
     def kernels(self):
         """The plugin kernels this configuration must run (their first-use log lines)."""
@@ -140,9 +154,11 @@ CONFIGS = [
     SpecConfig("decode-ring", gamma=None, replayssm=False, decode_ring=True),
     # the same with the buffered decode that forms the state every step (SGLANG_DSPARK_BUFFERED_DECODE=rows)
     SpecConfig("decode-ring-rows", gamma=None, replayssm=False, decode_ring=True, buffered_decode="rows"),
-    SpecConfig("g3-static", gamma=3, replayssm=False, bad_input=True),
+    # started by examples/launch_server.sh (test_example_launch_script_and_openai_client)
+    SpecConfig("g3-static", gamma=3, replayssm=False, bad_input=True, launcher="example"),
     SpecConfig("g1-static", gamma=1, replayssm=False),
-    SpecConfig("g3-static-replayssm", gamma=3, replayssm=True),
+    # served through ``sglang serve`` (SGLang's CLI; the others through launch_server)
+    SpecConfig("g3-static-replayssm", gamma=3, replayssm=True, launcher="serve"),
     # the lazy record ring (no fold per commit): turned on, here with the radix cache off
     SpecConfig("g1-static-lazy", gamma=1, replayssm=True, lazy=True),
     # compact = per-request ragged verify windows chosen by the confidence scheduler (needs the
@@ -178,7 +194,7 @@ def spec(request):
     # Every configuration that reaches this point must start: the one expected refusal (DSPARK-E004,
     # ragged windows on the triton MLA delegate) is skipped above by skip_reason() and checked by
     # test_compact_ragged_refused_on_triton_mla; any other startup failure, whatever its text, fails.
-    server = PREFETCH.take(config.name, config.args(), env=config.env())
+    server = PREFETCH.take(config.name, config.args(), env=config.env(), **config.server_kwargs())
     if config.name in SPEC_ORDER:  # start the next configuration's server meanwhile
         prefetch_spec_server(SPEC_ORDER.index(config.name) + 1)
     try:
@@ -305,22 +321,48 @@ def test_rejects_bad_requests_and_keeps_serving(spec, baseline):
     assert completion(server, prompt) == baseline.completion[prompt]
 
 
-def test_sglang_serve_cli_serves_dspark(baseline):
+def test_sglang_serve_cli_serves_dspark(spec, baseline):
     """``sglang serve`` (SGLang's CLI, which loads the plugins itself after picking its LLM
-    backend) with ``--attention-backend dspark`` and DSPARK speculation: the plugin's verify and
-    fold ran, nothing fell back, and /generate and the OpenAI chat API answer as stock SGLang."""
-    config = next(c for c in CONFIGS if c.name == "g3-static-replayssm")
-    server = make_server("sglang-serve-" + config.name, config.args(), env=config.env(), launcher="serve")
+    backend) with ``--attention-backend dspark`` and DSPARK speculation. It starts the server of
+    ``g3-static-replayssm``, so every per-configuration test of this module (/generate, completions,
+    chat, streaming, concurrency) runs through it there; here: the CLI started it, the plugin's
+    verify and fold ran, nothing fell back, and /generate answers as stock SGLang."""
+    if spec.config.launcher != "serve":
+        pytest.skip("sglang serve starts g3-static-replayssm (the others: launch_server)")
+    server = spec.server
     assert server.command[-len(server.args) - 1] == "serve"
-    start_server(server.name, server.args, server=server)
-    try:
-        for prompt in PER_CONFIG_PROMPTS[:2]:
-            assert generate(server, prompt)["output_ids"] == baseline.generate[prompt]["output_ids"], prompt
-        prompt = PER_CONFIG_PROMPTS[0]
-        assert chat(server, prompt) == baseline.chat[prompt]
-        assert_served_by_plugin(server, config.kernels())
-    finally:
-        stop_server(server)
+    for prompt, out in spec.generate_results().items():
+        assert out["output_ids"] == baseline.generate[prompt]["output_ids"], prompt
+    assert_served_by_plugin(server, spec.config.kernels())
+
+
+def _printed(out: str, label: str) -> str:
+    """The text ``openai_client.py`` printed after ``label (<seconds> s): `` (a Python repr)."""
+    (line,) = [ln for ln in out.splitlines() if ln.startswith(label + " (")]
+    return ast.literal_eval(line.split("): ", 1)[1])
+
+
+def test_example_launch_script_and_openai_client(spec, baseline):
+    """The examples run as their docstrings say: ``examples/launch_server.sh`` serves the tiny
+    Kimi-Linear with ``--attention-backend dspark`` and DSPARK speculation (started with no CPU
+    environment from the harness: on a machine without a GPU it sets up the CPU run itself). It
+    starts the g3-static server, so every per-configuration test of this module runs on it; here
+    ``examples/openai_client.py --base-url`` talks to it, and its chat and completion texts equal
+    stock SGLang's."""
+    if spec.config.launcher != "example":
+        pytest.skip("examples/launch_server.sh starts g3-static")
+    server = spec.server
+    assert server.command[:2] == ["bash", str(EXAMPLES / "launch_server.sh")] and "TRITON_INTERPRET" not in server.env
+    prompt = PROMPTS[0]
+    client = subprocess.run(
+        [sys.executable, str(EXAMPLES / "openai_client.py"), "--base-url", server.base_url + "/v1",
+         "--prompt", prompt, "--max-tokens", str(MAX_TOKENS)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert client.returncode == 0, client.stdout[-2000:] + client.stderr[-2000:]
+    assert _printed(client.stdout, "chat") == baseline.chat[prompt]["text"]
+    assert _printed(client.stdout, "completion") == baseline.completion[prompt]["text"]
+    assert_served_by_plugin(server, ["mtp_verify (snapshot)"])
 
 
 # sglang.Engine in a fresh interpreter (it spawns its scheduler processes, which inherit the CPU

@@ -47,7 +47,7 @@ import pytest
 from sglang_dspark_plugin.harness import tiny_models
 from sglang_dspark_plugin.harness.serving import tiny_model_args
 
-from e2e_kit import assert_served_by_plugin, start_server, stop_server
+from e2e_kit import PREFETCH, assert_served_by_plugin, next_param, stop_server
 
 pytestmark = pytest.mark.e2e
 
@@ -139,14 +139,22 @@ def _generate_all(server, prompts: List[List[int]], max_tokens: int) -> List[dic
         return [f.result(timeout=900) for f in [pool.submit(one, p) for p in prompts]]
 
 
+def _server_args(name: str) -> List[str]:
+    config = CONFIGS[name]
+    extra = ["--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval", str(TRACK_INTERVAL)]
+    return tiny_model_args(config.gamma, attention_backend="dspark", replayssm=config.replayssm, extra=extra)
+
+
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def served(request, conversations):
     """One server per configuration with the ``extra_buffer`` radix cache: turn 1 of every
-    conversation at once, then every conversation's branch at once."""
+    conversation at once, then every conversation's branch at once. The next configuration's
+    server starts meanwhile."""
+    server = PREFETCH.take(request.param, _server_args(request.param), env=CONFIGS[request.param].env)
+    following = next_param(request.session, "served", request.param)
+    if following:
+        PREFETCH.start(following, _server_args(following), env=CONFIGS[following].env)
     config = CONFIGS[request.param]
-    extra = ["--mamba-radix-cache-strategy", "extra_buffer", "--mamba-track-interval", str(TRACK_INTERVAL)]
-    args = tiny_model_args(config.gamma, attention_backend="dspark", replayssm=config.replayssm, extra=extra)
-    server = start_server(request.param, args, env=config.env)
     try:
         turn1 = _generate_all(server, [c.prompt for c in conversations], TURN1_TOKENS)
         branch = _generate_all(server, [c.branch_prompt for c in conversations], BRANCH_TOKENS)

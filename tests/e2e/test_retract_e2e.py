@@ -21,7 +21,7 @@ import pytest
 
 from sglang_dspark_plugin.harness.serving import tiny_model_args
 
-from e2e_kit import MAX_TOKENS, assert_served_by_plugin, generate_all_at_once, start_server, stop_server
+from e2e_kit import PREFETCH, MAX_TOKENS, assert_served_by_plugin, generate_all_at_once, next_param, stop_server
 
 pytestmark = pytest.mark.e2e
 
@@ -34,11 +34,21 @@ CONFIGS = {
 }
 
 
+ENV = {"SGLANG_TEST_RETRACT": "1", "SGLANG_DSPARK_LAZY_RECORDS": "1"}
+
+
+def _server_args(name):
+    gamma, replayssm, extra, _, _ = CONFIGS[name]
+    return tiny_model_args(gamma, attention_backend="dspark", replayssm=replayssm, extra=extra)
+
+
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def retracting(request, baseline):
-    gamma, replayssm, extra, kernels, mark = CONFIGS[request.param]
-    args = tiny_model_args(gamma, attention_backend="dspark", replayssm=replayssm, extra=extra)
-    server = start_server(request.param, args, env={"SGLANG_TEST_RETRACT": "1", "SGLANG_DSPARK_LAZY_RECORDS": "1"})
+    _, _, _, kernels, mark = CONFIGS[request.param]
+    server = PREFETCH.take(request.param, _server_args(request.param), env=ENV)
+    following = next_param(request.session, "retracting", request.param)
+    if following:  # started while this one serves
+        PREFETCH.start(following, _server_args(following), env=ENV)
     try:
         results = generate_all_at_once(server)
         yield server, results, kernels, mark

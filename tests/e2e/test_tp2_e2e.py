@@ -39,12 +39,14 @@ from sglang_dspark_plugin.harness.serving import tiny_model_args
 
 from e2e_kit import (
     MAX_TOKENS,
+    PREFETCH,
     PROMPTS,
     assert_not_served_by_plugin,
     assert_served_by_plugin,
     chat,
     generate,
     generate_all_at_once,
+    next_param,
     start_server,
     stop_server,
 )
@@ -84,12 +86,20 @@ CONFIGS = [
 ]
 
 
+def _prefetch_next(session, current=None) -> None:
+    """Start the next TP2 configuration's server while the current server's tests run."""
+    following = next_param(session, "tp2", current)
+    if following:
+        PREFETCH.start(following.name, following.args(), env=following.env())
+
+
 @pytest.fixture(scope="module")
-def stock_tp2(baseline) -> Dict[str, List[int]]:
+def stock_tp2(request, baseline) -> Dict[str, List[int]]:
     """Greedy output ids of stock SGLang (no speculation, ``triton`` backend) at TP=2."""
     server = start_server(
         "stock-tp2", tiny_model_args(None, attention_backend="triton", extra=["--tp-size", str(TP_SIZE)])
     )
+    _prefetch_next(request.session)
     try:
         out = {p: generate(server, p)["output_ids"] for p in PROMPTS}
         assert_not_served_by_plugin(server)
@@ -106,7 +116,8 @@ def test_stock_tp2_equals_tp1(stock_tp2, baseline):
 @pytest.fixture(scope="module", params=CONFIGS, ids=lambda c: c.name)
 def tp2(request, stock_tp2):
     config: TPConfig = request.param
-    server = start_server(config.name, config.args(), env=config.env())
+    server = PREFETCH.take(config.name, config.args(), env=config.env())
+    _prefetch_next(request.session, config)
     try:
         results = generate_all_at_once(server)
         yield config, server, results
