@@ -199,13 +199,16 @@ def prefetch_spec_server(index: int) -> None:
         PREFETCH.start(config.name, config.args(), env=config.env(), **config.server_kwargs())
 
 
-def next_param(session, fixture: str, current=None):
+def next_param(session, fixture: str, current=None, module=None):
     """The parameter of the module-scoped ``fixture`` that this session's tests use after
     ``current`` (the first one when ``current`` is None; None when there is none). A parametrized
     server fixture starts that server in the background (``PREFETCH``) while the tests of the
-    current one run; ``-k`` selections and pytest's ordering are taken into account."""
+    current one run; ``-k`` selections and pytest's ordering are taken into account. ``module``
+    (the fixture's test module) keeps out other modules' fixtures of the same name."""
     order = []  # the fixture's parameters in the order the session's tests use them
     for item in session.items:
+        if module is not None and getattr(item, "module", None) is not module:
+            continue
         params = getattr(getattr(item, "callspec", None), "params", {})
         if fixture in params and params[fixture] not in order:
             order.append(params[fixture])

@@ -151,11 +151,11 @@ def served(request, conversations):
     conversation at once, then every conversation's branch at once. The next configuration's
     server starts meanwhile."""
     server = PREFETCH.take(request.param, _server_args(request.param), env=CONFIGS[request.param].env)
-    following = next_param(request.session, "served", request.param)
-    if following:
-        PREFETCH.start(following, _server_args(following), env=CONFIGS[following].env)
     config = CONFIGS[request.param]
     try:
+        following = next_param(request.session, "served", request.param, module=request.module)
+        if following:
+            PREFETCH.start(following, _server_args(following), env=CONFIGS[following].env)
         turn1 = _generate_all(server, [c.prompt for c in conversations], TURN1_TOKENS)
         branch = _generate_all(server, [c.branch_prompt for c in conversations], BRANCH_TOKENS)
         yield config, server, turn1, branch

@@ -46,10 +46,10 @@ def _server_args(name):
 def retracting(request, baseline):
     _, _, _, kernels, mark = CONFIGS[request.param]
     server = PREFETCH.take(request.param, _server_args(request.param), env=ENV)
-    following = next_param(request.session, "retracting", request.param)
-    if following:  # started while this one serves
-        PREFETCH.start(following, _server_args(following), env=ENV)
     try:
+        following = next_param(request.session, "retracting", request.param, module=request.module)
+        if following:  # started while this one serves
+            PREFETCH.start(following, _server_args(following), env=ENV)
         results = generate_all_at_once(server)
         yield server, results, kernels, mark
     finally:

@@ -86,9 +86,9 @@ CONFIGS = [
 ]
 
 
-def _prefetch_next(session, current=None) -> None:
+def _prefetch_next(request, current=None) -> None:
     """Start the next TP2 configuration's server while the current server's tests run."""
-    following = next_param(session, "tp2", current)
+    following = next_param(request.session, "tp2", current, module=request.module)
     if following:
         PREFETCH.start(following.name, following.args(), env=following.env())
 
@@ -99,7 +99,7 @@ def stock_tp2(request, baseline) -> Dict[str, List[int]]:
     server = start_server(
         "stock-tp2", tiny_model_args(None, attention_backend="triton", extra=["--tp-size", str(TP_SIZE)])
     )
-    _prefetch_next(request.session)
+    _prefetch_next(request)
     try:
         out = {p: generate(server, p)["output_ids"] for p in PROMPTS}
         assert_not_served_by_plugin(server)
@@ -117,8 +117,8 @@ def test_stock_tp2_equals_tp1(stock_tp2, baseline):
 def tp2(request, stock_tp2):
     config: TPConfig = request.param
     server = PREFETCH.take(config.name, config.args(), env=config.env())
-    _prefetch_next(request.session, config)
     try:
+        _prefetch_next(request, config)
         results = generate_all_at_once(server)
         yield config, server, results
     finally:
