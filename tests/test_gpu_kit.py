@@ -101,3 +101,28 @@ def test_slot_reuse_from_the_server_log():
     assert reuse == dict(running_cap=8, slots=40, ratio=5, max_queued=61, uses_per_slot=87 * 3 / 40)
     assert reuse["uses_per_slot"] >= gpu_kit.SLOT_REUSE_MIN_USES
     assert gpu_kit.slot_reuse("[2026] " + BATCH.format(3), requests=87) is None  # the pool set no cap
+
+
+def test_robust_prompts_with_branches_keep_the_margin_on_both_turns():
+    """The fleet's prompt search with the prefix-hit conversations (it runs before any GPU server
+    starts): every prompt and both requests of every conversation keep ``MIN_MARGIN`` under an
+    independent float64 greedy run of the model definition."""
+    import torch
+    from safetensors.torch import load_file
+
+    from sglang_dspark_plugin.harness import tiny_models
+
+    spec = tiny_models.TINY
+    tiny_models.ensure_models(spec, tiny_models.default_out_dir())
+    prompts = gpu_kit.robust_prompts(spec, n=2, batch=32, branches=True)
+    assert len(prompts.ids) == 2 and len(prompts.turn1) == min(gpu_kit.BRANCH_PROMPTS, 2)
+    weights = load_file(str(tiny_models.default_out_dir() / spec.target_dir / tiny_models.WEIGHTS_FILE))
+    ref = tiny_models.ReferenceTarget(weights, spec)
+    with torch.no_grad():
+        tokens, margins = ref.greedy(torch.tensor(prompts.ids), gpu_kit.OUTPUT_LEN)
+        assert tokens.tolist() == prompts.reference
+        assert margins.min() >= gpu_kit.MIN_MARGIN
+        turn1, m1 = ref.greedy(torch.tensor(prompts.turn1), gpu_kit.TURN1_LEN)
+        branch = [gpu_kit.branch_prompt(p, t) for p, t in zip(prompts.turn1, turn1.tolist())]
+        _, m2 = ref.greedy(torch.tensor(branch), gpu_kit.BRANCH_LEN)
+    assert m1.min() >= gpu_kit.MIN_MARGIN and m2.min() >= gpu_kit.MIN_MARGIN

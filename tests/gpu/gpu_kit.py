@@ -395,8 +395,8 @@ def robust_prompts(spec: tiny_models.ModelSpec, n: int = NUM_PROMPTS, batch: int
         ids = emittable[torch.randint(len(emittable), (batch, TURN1_PROMPT_LEN), generator=gen)]
         with torch.no_grad():
             turn1, m1 = ref.greedy(ids, TURN1_LEN)
-            branches = torch.tensor([branch_prompt(p, t) for p, t in zip(ids.tolist(), turn1.tolist())])
-            _, m2 = ref.greedy(branches, BRANCH_LEN)
+            branch_ids = torch.tensor([branch_prompt(p, t) for p, t in zip(ids.tolist(), turn1.tolist())])
+            _, m2 = ref.greedy(branch_ids, BRANCH_LEN)
         tried += batch
         robust = torch.minimum(m1.min(1).values, m2.min(1).values) >= MIN_MARGIN
         out.turn1 += [ids[row].tolist() for row in robust.nonzero().flatten().tolist()]
