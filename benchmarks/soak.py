@@ -33,7 +33,7 @@ definition, ``ReferenceTarget``) and the server took the reference's runner-up. 
 no divergence outside that rule, and no more divergences than the control plus noise
 (:data:`NOISE_SIGMAS` Poisson standard deviations).
 
-Writes ``soak.json`` (every request's outcome, every divergence) and ``soak.md`` (the table) to
+Writes ``soak.json`` (every request's outcome, every divergence; :func:`for_file`) and ``soak.md`` (the table) to
 ``--out`` and prints the table. Exit status 1 when a verdict fails.
 """
 
@@ -542,6 +542,19 @@ DEFAULTS = {
 }
 
 
+def for_file(result: dict) -> dict:
+    """``result`` as ``soak.json`` keeps it: compact enough to come back from a GPU machine (a few
+    MB at 2,000 requests): the reference's per-token top-2 log-probabilities are dropped (each
+    divergence keeps the gap it was judged by) and the prompts are not repeated (``make_workload``
+    regenerates them from ``args.seed``)."""
+    out = dict(result, servers={})
+    for name, run in result["servers"].items():
+        if "rows" in run:
+            run = dict(run, rows=[{k: v for k, v in row.items() if k != "top2"} for row in run["rows"]])
+        out["servers"][name] = run
+    return out
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     for key, value in DEFAULTS[args.small].items():
@@ -570,7 +583,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     def save():
         with open(os.path.join(args.out, "soak.json"), "w") as f:
-            json.dump(result, f, indent=1)
+            json.dump(for_file(result), f, separators=(",", ":"))
 
     servers = {s.name: SGLangServer(server_args(s, args, model, gpu), name=s.name, startup_timeout=1500,
                                     progress_every=60, log_path=os.path.join(args.log_dir, f"{s.name}.log"))
@@ -613,7 +626,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         for server in servers.values():
             server.stop()
-    result["workload"]["requests_by_index"] = [asdict(r) for r in requests]
+    result["workload"]["requests_by_index"] = [
+        dict(asdict(r), input_ids=None, input_len=len(r.input_ids)) for r in requests]  # ids: from the seed
     save()
     table = summarize(result)
     with open(os.path.join(args.out, "soak.md"), "w") as f:

@@ -215,3 +215,12 @@ def test_memory_flat_and_idle_gauges():
     assert soak.verdicts("x", dict(run, memory_flat=True), [], None, None, plugin=False)["GPU memory flat"]
     assert "GPU memory flat" not in soak.verdicts("x", dict(run, gpu=False), [], None, None, plugin=False)
     assert not soak.verdicts("x", dict(run, leak_lines=1), [], None, None, plugin=False)["no leak"]
+
+
+def test_the_saved_result_drops_the_reference_top2_and_leaves_the_run_alone():
+    rows = [dict(index=0, kind="complete", status=200, output_ids=[1, 2], top2=[[[-0.1, 1], [-2.0, 7]]] * 2)]
+    result = dict(servers={"reference": dict(rows=rows, wall_s=1.0), "control": dict(error="boom")})
+    saved = soak.for_file(result)
+    assert saved["servers"]["reference"]["rows"] == [dict(index=0, kind="complete", status=200, output_ids=[1, 2])]
+    assert saved["servers"]["control"] == {"error": "boom"}
+    assert "top2" in result["servers"]["reference"]["rows"][0]  # the judge still reads it
