@@ -178,20 +178,6 @@ PREFETCH = Prefetcher()
 SPEC_CONFIGS_BY_NAME: Dict[str, object] = {}
 
 
-def selected_params(request, argname: str) -> list:
-    """The params of the parametrized fixture ``argname`` in the order this session's selected
-    tests use them (``-k`` and collection-time skips left out): what a module-scoped server
-    fixture prefetches next."""
-    order = []
-    for item in request.session.items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is None or argname not in callspec.params or item.get_closest_marker("skip"):
-            continue
-        if callspec.params[argname] not in order:
-            order.append(callspec.params[argname])
-    return order
-
-
 def prefetch_spec_server(index: int) -> None:
     """Start the ``index``-th speculative server of this session in the background."""
     if 0 <= index < len(SPEC_ORDER):  # (skipped configurations are not in SPEC_ORDER)
@@ -203,11 +189,14 @@ def next_param(session, fixture: str, current=None, module=None):
     """The parameter of the module-scoped ``fixture`` that this session's tests use after
     ``current`` (the first one when ``current`` is None; None when there is none). A parametrized
     server fixture starts that server in the background (``PREFETCH``) while the tests of the
-    current one run; ``-k`` selections and pytest's ordering are taken into account. ``module``
-    (the fixture's test module) keeps out other modules' fixtures of the same name."""
+    current one run; ``-k`` selections, collection-time skips and pytest's ordering are taken into
+    account. ``module`` (the fixture's test module) keeps out other modules' fixtures of the same
+    name."""
     order = []  # the fixture's parameters in the order the session's tests use them
     for item in session.items:
         if module is not None and getattr(item, "module", None) is not module:
+            continue
+        if item.get_closest_marker("skip"):
             continue
         params = getattr(getattr(item, "callspec", None), "params", {})
         if fixture in params and params[fixture] not in order:
@@ -248,9 +237,7 @@ def all_at_once(server: SGLangServer, jobs, max_tokens: int = MAX_TOKENS) -> Lis
 
 def generate_all_at_once(server: SGLangServer, prompts=PROMPTS) -> Dict[str, dict]:
     """/generate for every prompt, all sent at once (one batch when they fit the running limit)."""
-    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-        futures = {p: pool.submit(generate, server, p) for p in prompts}
-        return {p: f.result(timeout=900) for p, f in futures.items()}
+    return dict(zip(prompts, all_at_once(server, [(generate, p) for p in prompts])))
 
 
 def completion(server: SGLangServer, prompt: str, max_tokens: int = MAX_TOKENS) -> dict:

@@ -27,7 +27,6 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Dict, Optional
 
@@ -49,6 +48,7 @@ from e2e_kit import (
     SPEC_STATS,
     STREAM_PROMPTS,
     LaunchScriptServer,
+    all_at_once,
     assert_served_by_plugin,
     assert_speculation_consistent,
     chat,
@@ -195,9 +195,8 @@ class SpecServer:
             if self.config.gamma is not None:
                 jobs += [(chat, p) for p in PER_CONFIG_PROMPTS if (chat, p) not in jobs]
                 jobs += [(fn, p) for fn in (completion_stream, chat_stream) for p in STREAM_PROMPTS]
-            with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-                futures = [pool.submit(fn, self.server, p) for fn, p in jobs]
-                self._api = {(fn.__name__, p): f.result(timeout=900) for (fn, p), f in zip(jobs, futures)}
+            results = all_at_once(self.server, jobs)
+            self._api = {(fn.__name__, p): out for (fn, p), out in zip(jobs, results)}
         return self._api
 
 

@@ -43,7 +43,7 @@ from e2e_kit import (
     chat,
     completion,
     generate,
-    selected_params,
+    next_param,
     speculation_row,
     start_server,
     stop_server,
@@ -121,10 +121,9 @@ CONFIGS = [
 
 def _prefetch_after(request, config: Optional[K3Config]) -> None:
     """Start the server of the configuration after ``config`` (None: the first) meanwhile."""
-    order = selected_params(request, "k3")
-    index = 0 if config is None else order.index(config) + 1
-    if index < len(order):
-        PREFETCH.start(order[index].name, order[index].args(), env=order[index].env())
+    following = next_param(request.session, "k3", config, module=request.module)
+    if following:
+        PREFETCH.start(following.name, following.args(), env=following.env())
 
 
 @pytest.fixture(scope="module")
@@ -155,8 +154,8 @@ def k3(request, k3_baseline):
     """One plugin server per configuration with the wave's responses, always stopped."""
     config: K3Config = request.param
     server = PREFETCH.take(config.name, config.args(), env=config.env())
-    _prefetch_after(request, config)
     try:
+        _prefetch_after(request, config)
         outs = dict(zip(_keys(WAVE), all_at_once(server, WAVE, MAX_TOKENS)))
         yield config, outs, server.log_text()
     finally:
