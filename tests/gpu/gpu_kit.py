@@ -275,9 +275,7 @@ def k3_configs(model: str) -> List[Served]:
         Served(model, "dspark-g7-snapshot-compact", "dspark", 7, False, ragged="compact", sps_table=True),
         Served(model, "dspark-g7-replayssm-compact", "dspark", 7, True, ragged="compact", sps_table=True),
     ]
-    if ONLY_CONFIGS:
-        out = [s for s in out if s.name in ("stock", STOCK_TP1) or s.name in ONLY_CONFIGS]
-    return out
+    return _only_named(out) if ONLY_CONFIGS else out
 
 
 def configs(model: str) -> List[Served]:
@@ -335,14 +333,17 @@ def configs(model: str) -> List[Served]:
         ]  # fmt: skip
     if ON_CPU:  # dry run: one speculative configuration is enough
         out = [s for s in out if s.name in ("stock", "dspark-decode", "dspark-g3-snapshot-static", "stock-g3-static")]
-    if ONLY_CONFIGS:  # a subset (DSPARK_GPU_E2E_CONFIGS); the stock baselines always run, and the
-        # controls and same-graph baselines of the configurations named
-        wanted = {s.name for s in out if s.name in ONLY_CONFIGS}
-        wanted |= {x for s in out if s.name in wanted for x in (s.baseline, s.control) if x}
-        out = [s for s in out if s.name in ("stock", STOCK_TP1) or s.name in wanted]
-    else:  # by default no prefill graph (only by name, above)
-        out = [s for s in out if not s.prefill_graph]
-    return out
+    if ONLY_CONFIGS:
+        return _only_named(out)
+    return [s for s in out if not s.prefill_graph]  # by default no prefill graph (only by name, above)
+
+
+def _only_named(out: List[Served]) -> List[Served]:
+    """The subset ``DSPARK_GPU_E2E_CONFIGS`` names: the stock baselines always run, and the controls
+    and same-graph baselines of the configurations named."""
+    wanted = {s.name for s in out if s.name in ONLY_CONFIGS}
+    wanted |= {x for s in out if s.name in wanted for x in (s.baseline, s.control) if x}
+    return [s for s in out if s.name in ("stock", STOCK_TP1) or s.name in wanted]
 
 
 # ----------------------------------------------------------------------------------------------
