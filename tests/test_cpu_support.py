@@ -147,7 +147,7 @@ def test_apply_installs_every_patch_in_a_fresh_process():
         [sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "OK 18 patches" in proc.stdout, proc.stdout[-2000:]  # 7 interpreter shims, 11 device gates
+    assert "OK 19 patches" in proc.stdout, proc.stdout[-2000:]  # 8 interpreter shims, 11 device gates
     assert "Executed general plugin: dspark_cpu" in proc.stderr
 
 
@@ -176,3 +176,42 @@ def test_the_interpreter_patches_the_language_once_per_launch(monkeypatch):
     _quadruple_kernel[(1,)](x, y)
     assert torch.equal(y, 4 * x)
     assert patched == ["_quadruple_kernel"]
+
+
+def test_bf16_conversions_by_bits_match_the_interpreter_and_torch():
+    """Shim 8 (installed in this process by tests/conftest.py): every bf16 bit pattern widens to
+    the fp32 torch gives; every fp32 pattern that is not subnormal narrows to the bits of the
+    interpreter's own routine (truncation), and subnormals to the bf16 value truncation defines
+    (the largest bf16 magnitude not above the input's, from torch's exact widening)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    convert = interpreter._convert_float
+    assert getattr(convert, "_dspark_cpu_patch", False) and cpu_support.convert_bf16_by_bits() is False
+    generic = convert.generic
+
+    bf16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).reshape(256, 256)
+    wide = convert(bf16, tl.bfloat16, tl.float32, None)
+    assert wide.dtype == np.uint32 and wide.shape == bf16.shape
+    expected = torch.from_numpy(bf16.astype(np.int16)).view(torch.bfloat16).float()
+    got = torch.from_numpy(wide.view(np.float32))
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(got[~got.isnan()], expected[~expected.isnan()])
+
+    rng = np.random.default_rng(0)
+    fp32 = rng.integers(0, 1 << 32, size=(64, 1000), dtype=np.uint64).astype(np.uint32)
+    fp32[0, :8] = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x3F800000, 0x0000FFFF, 0x007FFFFF]
+    narrow = convert(fp32.view(np.float32), tl.float32, tl.bfloat16, None)
+    assert narrow.dtype == np.uint16 and narrow.shape == fp32.shape
+    subnormal = ((fp32 >> 23) & 0xFF == 0) & (fp32 & 0x7FFFFF != 0)
+    reference = generic(fp32.view(np.float32), tl.float32, tl.bfloat16, None)
+    assert np.array_equal(narrow[~subnormal], reference[~subnormal])
+    x = torch.from_numpy(fp32[subnormal].view(np.float32)).double()
+    r = torch.from_numpy(narrow[subnormal].astype(np.int16)).view(torch.bfloat16).double()
+    ulp = 2.0 ** -133  # the spacing of bf16 subnormals
+    assert subnormal.any() and bool(((r.abs() <= x.abs()) & (x.abs() < r.abs() + ulp) & (r * x >= 0)).all())
+
+    # a 0-d array keeps its shape; other conversions take the interpreter's routine
+    assert convert(np.array(1.5, np.float32), tl.float32, tl.bfloat16, None).shape == ()
+    half = np.array([1.0, -2.5], np.float32)
+    assert np.array_equal(convert(half, tl.float32, tl.float16, None), generic(half, tl.float32, tl.float16, None))
