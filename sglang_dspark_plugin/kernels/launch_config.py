@@ -76,6 +76,8 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None, lazy: bo
 def verify_rows(H: int, N: int, steps: int) -> dict:
     """Recurrent verify (snapshot mode, and ring mode with ``impl="rows"``): 64 rows x 2 warps
     from N*H >= 128 in both modes, 32 rows x 4 warps below (H200 sweeps)."""
+    if interpreting():
+        return dict(block_v=128, num_warps=4)
     if _programs(N, H) < 128:
         return dict(block_v=32, num_warps=4)
     return dict(block_v=64, num_warps=2)
@@ -86,7 +88,7 @@ def fold(H: int, N: int, layers: int) -> dict:
     4-row tiles up to N*layers*H = 192, 16-row tiles above (H200 probes with the conv roll as in
     serving)."""
     if interpreting():
-        return dict(block_v=32, num_warps=4)
+        return dict(block_v=128, num_warps=4)
     if _programs(N, H) * max(1, layers) <= 192:
         return dict(block_v=4, num_warps=1)
     return dict(block_v=16, num_warps=1)
@@ -104,7 +106,7 @@ def decode(H: int, N: int, buffered: bool = False, factored: bool = False) -> di
     the whole tile with 4 warps while N*H <= 256, 32-row tiles with 1 warp above (H200
     sweep of 7 tiles at N = 8, 32, 64, 256, H=32, 2026-12-04)."""
     if interpreting():
-        return dict(block_v=32, num_warps=4)
+        return dict(block_v=128, num_warps=4)
     if buffered and factored:
         return dict(block_v=128, num_warps=4) if _programs(N, H) <= 256 else dict(block_v=32, num_warps=1)
     if buffered:
