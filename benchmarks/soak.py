@@ -29,7 +29,9 @@ over the second half of the run (the server's processes, ``nvidia-smi``). Greedy
 speculative servers against the reference's, request by request (:func:`judge`): a divergence is
 a near-tie only where the reference's top-2 log-probability gap at the first differing token is
 within the bf16 spacing of the logits there (their magnitude from the float64 forward of the model
-definition, ``ReferenceTarget``) and the server took the reference's runner-up. The plugin may have
+definition, ``ReferenceTarget``) and the server took the other of the reference's top two (at an
+exact tie the reference's pick may be the one it lists second). Each divergence also records the
+float64 top-2 gap in bf16 spacings (``float64_spacings``), the same measure for every server. The plugin may have
 no divergence outside that rule, and no more divergences than the control plus noise
 (:data:`NOISE_SIGMAS` Poisson standard deviations).
 
@@ -259,8 +261,12 @@ def judge(got: List[int], ref_row: dict, logits_at) -> Optional[dict]:
     if pos < len(top2) and len(top2[pos]) == 2 and info["got"] is not None:
         (lp1, t1), (lp2, t2) = top2[pos]
         z1, z2 = logits_at(pos, t1, t2)
-        info.update(gap=lp1 - lp2, runner_up=t2, logits=[z1, z2], spacing=bf16_spacing(max(abs(z1), abs(z2))))
-        info["near_tie"] = info["got"] == t2 and info["gap"] <= info["spacing"]
+        spacing = bf16_spacing(max(abs(z1), abs(z2)))
+        info.update(gap=lp1 - lp2, top1=t1, runner_up=t2, logits=[z1, z2], spacing=spacing,
+                    float64_spacings=abs(z1 - z2) / spacing)
+        # the reference picked one of its top two and the server the other; at an exact tie the
+        # reference's listing order need not be its pick
+        info["near_tie"] = {info["got"], info["want"]} == {t1, t2} and info["gap"] <= spacing
     return info
 
 
@@ -483,9 +489,19 @@ def run_server(spec: ServerSpec, server: SGLangServer, requests: List[Request], 
 # ----------------------------------------------------------------------------------------------
 
 
+def float64_spacings(divergence: dict) -> float:
+    """The float64 top-2 gap at a divergence in bf16 spacings (recorded by :func:`judge`; computed
+    from its logits for results saved before it recorded it)."""
+    if "float64_spacings" in divergence:
+        return divergence["float64_spacings"]
+    z1, z2 = divergence["logits"]
+    return abs(z1 - z2) / divergence["spacing"]
+
+
 def summarize(result: dict) -> str:
     head = ["server", "requests ok", "5xx", "malformed 4xx", "dropped", "compared", "divergences",
-            "near-ties", "outside rule", "tokens/s", "GPU MiB (start, end)", "idle, no leak", "alive", "verdict"]
+            "near-ties", "outside rule", "largest float64 gap (bf16 spacings)", "tokens/s", "GPU MiB (start, end)",
+            "idle, no leak", "alive", "verdict"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, run in result["servers"].items():
         if run.get("error"):
@@ -506,6 +522,8 @@ def summarize(result: dict) -> str:
             str(sum(r["kind"] == "drop" for r in rows)),
             str(cmp_.get("compared", "-")), str(cmp_.get("divergences", "-")), str(cmp_.get("near_ties", "-")),
             str(len(cmp_["outside_rule"])) if cmp_ else "-",
+            f"{max(spacings):.2f}" if (spacings := [float64_spacings(d) for d in (cmp_.get("all") or [])
+                                                    if "logits" in d]) else "-",
             f"{run['tokens_per_s']:.0f}" if run["tokens_per_s"] >= 10 else f"{run['tokens_per_s']:.2f}",
             f"{mem[0]:.0f}, {mem[-1]:.0f}" if mem else "-",
             "yes" if run["verdicts"].get("no leak") else "NO",
@@ -530,6 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--servers", default=",".join(s.name for s in SERVERS), help="comma list of SERVERS names")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--log-dir", default="/tmp/soak")
+    p.add_argument("--render", metavar="SOAK_JSON", help="print the table of a saved soak.json (or .json.gz) and exit")
     return p
 
 
@@ -557,6 +576,12 @@ def for_file(result: dict) -> dict:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.render:
+        import gzip
+
+        with (gzip.open if args.render.endswith(".gz") else open)(args.render, "rt") as f:
+            print(summarize(json.load(f)))
+        return 0
     for key, value in DEFAULTS[args.small].items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -79,7 +79,7 @@ def test_bf16_spacing_is_the_gap_between_bf16_neighbours():
 
 def test_near_tie_rule():
     """A divergence is a near-tie only where the reference's top-2 gap is within the bf16 spacing
-    of the logits there and the server took the runner-up."""
+    of the logits there and the server took the other of the reference's top two."""
     ref = {"output_ids": [5, 6, 7], "top2": [[[-0.1, 5], [-3.0, 9]], [[-0.50, 6], [-0.52, 8]], [[-0.1, 7], [-2, 1]]]}
     logits = lambda pos, t1, t2: (12.3, 12.28)  # noqa: E731 - spacing at 12.3: 2^(3-7) = 0.0625
     assert soak.judge([5, 6, 7], ref, logits) is None
@@ -90,6 +90,12 @@ def test_near_tie_rule():
     assert not soak.judge([5, 8, 1], ref, small)["near_tie"]  # the same gap, smaller logits: outside
     assert not soak.judge([9, 6, 7], ref, logits)["near_tie"]  # gap 2.9 at position 0
     assert not soak.judge([5, 6], ref, logits)["near_tie"]  # shorter: no token to judge
+    # an exact tie listed in the other order than the reference's pick: the server took the other
+    tied = {"output_ids": [5, 8], "top2": [[[-0.1, 5], [-3.0, 9]], [[-0.5, 6], [-0.5, 8]]]}
+    flip = soak.judge([5, 6], tied, logits)
+    assert flip["near_tie"] and flip["top1"] == 6 and flip["runner_up"] == 8
+    assert flip["float64_spacings"] == pytest.approx(0.02 / 0.0625)
+    assert not soak.judge([5, 3], tied, logits)["near_tie"]  # a third token
     # the plugin's count against the control's
     assert soak.within_noise(3, 1) and soak.within_noise(10, 4) and not soak.within_noise(12, 1)
 
@@ -224,3 +230,23 @@ def test_the_saved_result_drops_the_reference_top2_and_leaves_the_run_alone():
     assert saved["servers"]["reference"]["rows"] == [dict(index=0, kind="complete", status=200, output_ids=[1, 2])]
     assert saved["servers"]["control"] == {"error": "boom"}
     assert "top2" in result["servers"]["reference"]["rows"][0]  # the judge still reads it
+
+
+def test_render_a_saved_result(tmp_path, capsys):
+    """``--render``: the table of a saved soak.json / .json.gz, with the largest float64 gap from a
+    divergence's logits where the run did not record it."""
+    import gzip
+
+    rows = [dict(kind="complete", status=200), dict(kind="malformed", status=400), dict(kind="drop", status=200)]
+    run = dict(rows=rows, tokens_per_s=123.4, verdicts={"alive": True, "no leak": True})
+    divergences = [dict(near_tie=True, logits=[16.5, 16.45], spacing=0.125),
+                   dict(near_tie=False, logits=[14.0, 13.8], spacing=0.0625, float64_spacings=3.2)]
+    result = dict(servers={"reference": run, "dspark-g3": dict(run, comparison=dict(
+        compared=1, divergences=2, near_ties=1, outside_rule=divergences[1:], all=divergences))})
+    path = tmp_path / "soak.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(result, f)
+    assert soak.main(["--render", str(path)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[3].startswith("| dspark-g3 | 1/1 | 0 | 1/1 | 1 | 1 | 2 | 1 | 1 | 3.20 | 123 |")
+    assert "| - | 123 |" in table[2]  # the reference: nothing compared
