@@ -35,9 +35,10 @@ from sglang_dspark_plugin.harness.serving import SGLangServer
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    # the interpreter speed-up shims (cpu_support, shims 7 and 8): nothing computed changes
+    # the interpreter speed-up shims (cpu_support, shims 7-9): nothing computed changes
     cpu_support.patch_language_once_per_launch()
     cpu_support.convert_bf16_by_bits()
+    cpu_support.numpy_dtype_table_once()
 
 # tests/sglang_kit.py is imported by several test folders.
 sys.path.insert(0, os.path.dirname(__file__))

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 import triton
@@ -147,7 +148,7 @@ def test_apply_installs_every_patch_in_a_fresh_process():
         [sys.executable, "-c", CHECKS], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "OK 19 patches" in proc.stdout, proc.stdout[-2000:]  # 8 interpreter shims, 11 device gates
+    assert "OK 20 patches" in proc.stdout, proc.stdout[-2000:]  # 9 interpreter shims, 11 device gates
     assert "Executed general plugin: dspark_cpu" in proc.stderr
 
 
@@ -215,3 +216,24 @@ def test_bf16_conversions_by_bits_match_the_interpreter_and_torch():
     assert convert(np.array(1.5, np.float32), tl.float32, tl.bfloat16, None).shape == ()
     half = np.array([1.0, -2.5], np.float32)
     assert np.array_equal(convert(half, tl.float32, tl.float16, None), generic(half, tl.float32, tl.float16, None))
+
+
+def test_numpy_dtype_table_matches_the_interpreter():
+    """Shim 9 (installed in this process by tests/conftest.py): every scalar, block and pointer
+    dtype maps to the numpy dtype of the interpreter's own function; others raise as it does."""
+    from triton.runtime import interpreter
+
+    lookup = interpreter._get_np_dtype
+    assert getattr(lookup, "_dspark_cpu_patch", False) and cpu_support.numpy_dtype_table_once() is False
+    generic = lookup.generic
+    scalars = [tl.int1, tl.float16, tl.float32, tl.float64, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32,
+               tl.uint32, tl.int64, tl.uint64, tl.bfloat16, tl.float8e5, tl.float8e5b16, tl.float8e4nv,
+               tl.float8e4b8, tl.float8e4b15]
+    for dtype in scalars:
+        for ty in (dtype, tl.block_type(dtype, [4, 2]), tl.pointer_type(dtype), tl.block_type(tl.pointer_type(dtype), [8])):
+            assert lookup(ty) == generic(ty), ty
+    assert lookup(tl.bfloat16) == np.dtype(np.uint16)  # bf16 held as raw bits
+    with pytest.raises(KeyError):
+        generic(tl.void)
+    with pytest.raises(KeyError):
+        lookup(tl.void)
