@@ -11,8 +11,9 @@ They run together in one child pytest (``_ChildRun``; they share that state, as 
 need of it): the parent collects them as usual (ids, ``-k``, ``-x`` and the summary work as for any
 test) but runs neither their fixtures nor their bodies; each reports the outcome the child gave it.
 The kernel tests (``tests/kernels``) run the same way in a second child when other tests run too,
-so that a 2-core machine runs the two longest CPU-bound groups beside the rest; ``pytest
-tests/kernels`` runs them in-process (for ``--pdb``, per-test ``--durations``). Both children start
+and in a run that serves (``e2e`` tests selected) the remaining unit tests in a third, so that a
+2-core machine runs them beside the served tests, which mostly wait on their servers; ``pytest
+tests/kernels`` runs them in-process (for ``--pdb``, per-test ``--durations``). The children start
 when collection ends.
 
 Tests that start an SGLang server are marked ``e2e``, so that the fast loop (``-m "not e2e"``,
@@ -99,13 +100,17 @@ def pytest_collection_modifyitems(config, items):
 KERNELS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels") + os.sep
 
 
-def _child_group(item):
+def _child_group(item, with_servers: bool):
     """The child pytest that runs ``item``: ``own_process`` tests (process-wide state), the kernel
-    tests (the longest CPU-bound group, beside the others), or None (this process)."""
+    tests (the longest CPU-bound group, beside the others), when the run serves (``with_servers``)
+    the other unit tests too (beside the served tests, which wait on their servers most of the
+    time), or None (this process: the served tests, or the unit tests of a fast loop)."""
     if item.get_closest_marker("own_process"):
         return "own_process"
     if str(item.fspath).startswith(KERNELS_DIR):
         return "kernels"
+    if with_servers and not item.get_closest_marker("e2e"):
+        return "unit"
     return None
 
 
@@ -116,8 +121,9 @@ def pytest_collection_finish(session):
     if os.environ.get(_CHILD_REPORT) or session.config.option.collectonly:
         return  # a child runs its tests itself
     groups = {}
+    with_servers = any(item.get_closest_marker("e2e") for item in session.items)
     for item in session.items:
-        groups.setdefault(_child_group(item), []).append(item)
+        groups.setdefault(_child_group(item, with_servers), []).append(item)
     if None not in groups and "own_process" not in groups:
         groups.pop("kernels", None)
     for name, group in groups.items():
