@@ -184,7 +184,6 @@ def test_bf16_conversions_by_bits_match_the_interpreter_and_torch():
     the fp32 torch gives; every fp32 pattern that is not subnormal narrows to the bits of the
     interpreter's own routine (truncation), and subnormals to the bf16 value truncation defines
     (the largest bf16 magnitude not above the input's, from torch's exact widening)."""
-    import numpy as np
     from triton.runtime import interpreter
 
     convert = interpreter._convert_float
