@@ -58,6 +58,7 @@ from kda_testutil import F64, make_problem, rel_err  # noqa: E402
 
 from sglang_dspark_plugin.kernels import decode, mtp_verify, replayssm_fold  # noqa: E402
 from sglang_dspark_plugin.kernels.record_ring import commit_records  # noqa: E402
+from sglang_dspark_plugin.kernels.mtp_verify_gluon import gluon_verify_supported  # noqa: E402
 from sglang_dspark_plugin.kernels import reference as R  # noqa: E402
 
 BF16, FP32 = torch.bfloat16, torch.float32
@@ -380,9 +381,14 @@ def ours_fold(inst, pool, conv, cfg):
                           **kw, **cfg)
 
 
-def ours_step_eager(inst, pool, T, acc):
+def gluon_here() -> bool:
+    """The Gluon Hopper stream (kernels/mtp_verify_gluon.py) runs on this GPU."""
+    return torch.cuda.is_available() and gluon_verify_supported(torch.device("cuda"))
+
+
+def ours_step_eager(inst, pool, T, acc, cfg=None):
     """One speculative step of the fold-every-commit ring: verify, then fold + conv roll."""
-    ours_verify(inst, pool, T, True, {})
+    ours_verify(inst, pool, T, True, cfg or {})
     replayssm_fold(pool["state"], pool["rv"], pool["rk"], pool["rg"], pool["rb"], inst["slots"], acc,
                    conv_state=pool["conv"], intermediate_conv=pool["icw"], intermediate_rows=inst["rows"])
 
@@ -482,7 +488,10 @@ def check_ours(Ts, H, combos=((BF16, LB), (FP32, None), (FP32, LB))):
             live = [(n, s, r, ln) for n, (s, r, ln) in enumerate(zip(p.extra["slot_list"], p.extra["row_list"],
                                                                    p.extra["lengths"])) if s >= 0]
             # ring mode: both kernels forced (the default picks one of them by N, H and T)
-            for variant, vkw in (("verify_ring_rows", dict(impl="rows")), ("verify_ring_chunked", dict(impl="chunked"))):
+            variants = [("verify_ring_rows", dict(impl="rows")), ("verify_ring_chunked", dict(impl="chunked"))]
+            if gluon_here():
+                variants.append(("verify_ring_gluon", dict(impl="gluon")))
+            for variant, vkw in variants:
                 icw_v, rings_v = p.new_icw(), p.new_rings(L=max(2, triton.next_power_of_2(2 * steps)))
                 out_v = mtp_verify(*p.acts(), intermediate_conv=icw_v, **rings_v, **p.verify_kwargs(), **vkw)
                 sync()
@@ -770,7 +779,7 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
             continue
         for cfg in configs.get(kname, [{}]):
             cks = [kname]
-            if ring and cfg.get("impl") in ("rows", "chunked"):
+            if ring and cfg.get("impl") in ("rows", "chunked", "gluon"):
                 cks = ["verify_ring_" + cfg["impl"]]
             elif ring:  # the default picks either kernel by (N, H, T): both must have passed
                 cks = [kname, "verify_ring_rows", "verify_ring_chunked"]
@@ -789,6 +798,10 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
     ver_ok = ok("verify_ring", T) and ok("verify_ring_chunked", T) and ok("fold", T)
     out.append(("step_eager", "ours", None, [lambda i=i, a_=a_: ours_step_eager(i, pool, T, a_) for i, a_ in steps_of],
                 None if ver_ok else "check failed"))
+    if gluon_here():
+        out.append(("step_eager", "ours", dict(impl="gluon"),
+                    [lambda i=i, a_=a_: ours_step_eager(i, pool, T, a_, dict(impl="gluon")) for i, a_ in steps_of],
+                    None if ok("verify_ring_gluon", T) and ok("fold", T) else "check failed"))
     for lz in pool["lazy"]:
         out.append((f"step_lazy_L{lz['L']}", "ours", None,
                     [lambda i=i, a_=a_, lz=lz: ours_step_lazy(i, pool, T, lz, a_) for i, a_ in steps_of],
@@ -1200,7 +1213,7 @@ def candidate_configs():
     defaults (sglang_dspark_plugin/kernels/launch_config.py): each ring-verify kernel forced (with the
     table's tiles for it), which shows the table's kernel choice at every point."""
     return dict(
-        verify_ring=[{}, dict(impl="rows"), dict(impl="chunked")],
+        verify_ring=[{}, dict(impl="rows"), dict(impl="chunked")] + ([dict(impl="gluon")] if gluon_here() else []),
         verify_snapshot=[{}],
         fold=[{}],
         decode=[{}],

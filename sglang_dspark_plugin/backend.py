@@ -55,7 +55,7 @@ from .kernels import decode, mtp_verify
 from .layout import as_dense_beta, as_dense_heads, densify_verify_batch, split_mixed_qkv
 from .settings import (ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM, LAZY_RECORDS_ENV, LAZY_RECORDS_MAX_WINDOW,
                        LAZY_RECORDS_TESTED_WINDOW, OUTPUT_GATE_ENV, buffered_decode_impl, lazy_records_any_window,
-                       lazy_records_enabled, lazy_records_setting, output_gate_enabled)
+                       lazy_records_enabled, lazy_records_setting, output_gate_enabled, verify_impl)
 
 logger = logging.getLogger("sglang_dspark_plugin")
 
@@ -220,6 +220,7 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         self.buffered_decode_impl = buffered_decode_impl()
         lazy_records_enabled()  # likewise SGLANG_DSPARK_LAZY_RECORDS, read again where the ring is decided
         output_gate_enabled()  # and SGLANG_DSPARK_OUTPUT_GATE
+        verify_impl()  # and SGLANG_DSPARK_VERIFY_IMPL (read again by each verify)
         # The fused output gate's arrival counters ([requests * heads] int32 zeros, which the verify
         # kernels leave zero): sized for the CUDA-graph batch in init_cuda_graph_state, grown here
         # otherwise (outside a capture).

@@ -38,6 +38,8 @@ LAZY_RECORDS_ENV = "SGLANG_DSPARK_LAZY_RECORDS"
 BUFFERED_DECODE_ENV = "SGLANG_DSPARK_BUFFERED_DECODE"
 BUFFERED_DECODE_IMPLS = ("factored", "rows")
 OUTPUT_GATE_ENV = "SGLANG_DSPARK_OUTPUT_GATE"
+VERIFY_IMPL_ENV = "SGLANG_DSPARK_VERIFY_IMPL"
+VERIFY_IMPLS = ("triton", "gluon")
 
 ENV_VARS = {
     FULL_ATTN_BACKEND_ENV: "stock SGLang backend for the MLA / full-attention layers (default: fa3 on "
@@ -57,6 +59,9 @@ ENV_VARS = {
     "step (kernels/decode.py)",
     OUTPUT_GATE_ENV: "unset or 1 = apply Kimi-K3's output gate (o_norm, gated RMSNorm) inside the verify and "
     "decode kernels where the model offers it; 0 = leave it to the model's own o_norm kernel",
+    VERIFY_IMPL_ENV: "the ring-mode verify's state stream: triton (default) = the portable Triton kernels; "
+    "gluon = the warp-specialised Gluon kernel (TMA + wgmma) on sm_90 GPUs where it applies (ring mode "
+    "without the lazy record ring), the Triton kernels elsewhere (kernels/mtp_verify_gluon.py)",
 }
 
 
@@ -109,6 +114,13 @@ def output_gate_enabled() -> bool:
     offers it (the default: unset, empty or ``1``); ``0`` leaves it to the model. Any other value
     is refused with one clear error."""
     return _choice(OUTPUT_GATE_ENV, "1", ("0", "1"), "an output gate setting: use 1 (the default) or 0") == "1"
+
+
+def verify_impl() -> str:
+    """``SGLANG_DSPARK_VERIFY_IMPL``: ``triton`` when unset or empty, or ``gluon`` (the Hopper
+    streaming kernel where it applies). Any other value is refused with one clear error."""
+    return _choice(VERIFY_IMPL_ENV, "triton", VERIFY_IMPLS,
+                   f"a verify implementation: use one of {', '.join(VERIFY_IMPLS)} (or leave it unset for triton)")
 
 
 def _choice(env: str, default: str, choices, refusal: str) -> str:

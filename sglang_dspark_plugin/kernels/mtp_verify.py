@@ -21,12 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..settings import HEAD_DIM
+from ..settings import HEAD_DIM, verify_impl
 from . import launch_config as LC
 from . import validation as V
 from .common import (_apply_output_gate, _conv_silu, _delta_step, _kda_gate, _l2norm, _last_tile_of_head,
                      _load_conv_weights, _load_conv_window, _pdl_enter, _round_act, _sigmoid)
 from .mtp_verify_chunked import launch_verify_ring_chunked
+from .mtp_verify_gluon import gluon_verify_supported
 from .reference import default_scale
 
 
@@ -346,6 +347,13 @@ def mtp_verify(
         output_norm_weight=output_norm_weight, output_norm_eps=output_norm_eps,
         output_gate_workspace=output_gate_workspace,
     )
+    if impl is None and checked.ring and checked.delta is None and verify_impl() == "gluon" \
+            and gluon_verify_supported(q.device) and _gluon_pool_ok(ssm_state, checked.H):
+        impl = "gluon"
+    if impl == "gluon" and not (gluon_verify_supported(q.device) and _gluon_pool_ok(ssm_state, checked.H)):
+        raise V.dspark_error(V.E_IMPL, "impl", expected="gluon on an sm_90 GPU with Gluon (Triton >= 3.6) and a "
+                             "state pool of contiguous slots", got=f"impl = 'gluon' on {q.device}",
+                             fix="leave impl=None (the Triton kernels)")
     plan = plan_mtp_verify(
         checked.H, checked.N, checked.steps, ring=checked.ring, impl=impl, block_v=block_v, num_warps=num_warps,
         block_k=block_k, num_stages=num_stages, dot_precision=dot_precision, prep_block_k=prep_block_k,
@@ -368,6 +376,11 @@ def mtp_verify(
         rings=(ring_rawv, ring_rawk, ring_g, ring_beta), record_cursor=record_cursor, gate=gate,
     )
     return out
+
+
+def _gluon_pool_ok(ssm_state: torch.Tensor, H: int) -> bool:
+    """The Gluon stream reads the pool as one 2-D TMA view ``[slots * H * 128, 128]``: slots contiguous."""
+    return ssm_state.stride(0) == H * HEAD_DIM * HEAD_DIM and ssm_state.data_ptr() % 16 == 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -489,11 +502,21 @@ def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[st
     tokens per request: the launch table's choice (:mod:`.launch_config`), with the knobs the caller
     set (same meaning as in :func:`mtp_verify`) taking precedence. Raises E121-E123 for bad knobs.
     ``lazy``: the lazy record ring (``record_cursor`` given), which only the chunked kernels keep."""
-    V.check_impl(impl, (None, "auto", "chunked", "rows"))
+    V.check_impl(impl, (None, "auto", "chunked", "rows", "gluon"))
+    if impl == "gluon" and (lazy or not ring):
+        raise V.dspark_error(V.E_IMPL, "impl", expected="gluon only in ring mode without the lazy record ring",
+                             got=f"impl = 'gluon' with {'record_cursor' if lazy else 'intermediate_ssm (snapshot mode)'}",
+                             fix="leave impl=None there (the Triton kernels)")
     if lazy and impl == "rows":
         raise V.dspark_error(V.E_IMPL, "impl", expected="chunked or None (the lazy record ring's only kernels)",
                              got="impl = 'rows'", fix="leave impl=None with record_cursor")
     # snapshot mode always runs the recurrent kernel: the chunked form computes outputs only
+    if impl == "gluon":  # the prep and finish kernels, then the Gluon stream (mtp_verify_gluon.py)
+        cfg = dict(LC.verify_ring(H, N, steps, "chunked"), finish=True)
+        return VerifyPlan(impl="gluon", block_v=128, num_warps=4, num_stages=None, block_k=32,
+                          prep_block_k=prep_block_k or cfg["prep_block_k"],
+                          prep_num_warps=prep_num_warps or cfg["prep_num_warps"], dot_precision="tf32x3",
+                          finish=True, finish_num_warps=cfg["finish_num_warps"])
     cfg = (LC.verify_ring(H, N, steps, None if impl == "auto" else impl, lazy=lazy) if ring
            else dict(impl="rows", **LC.verify_rows(H, N, steps)))
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
@@ -520,7 +543,7 @@ def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, s
     """Launch the planned kernel(s) on validated arguments; ``gate``: ``(output_gate, weight, eps,
     counters)`` or None."""
     dev = q.device
-    if plan.impl == "chunked":
+    if plan.impl in ("chunked", "gluon"):
         ring_rawv, ring_rawk, ring_g, ring_beta = rings
         launch_verify_ring_chunked(
             q, k, v, a, b, out, conv_weight=conv_weight, A_flat=c.A_flat, dt_flat=c.dt_flat,
@@ -531,7 +554,7 @@ def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, s
             block_v=plan.block_v, block_k=plan.block_k, num_warps=plan.num_warps, num_stages=plan.num_stages,
             prep_block_k=plan.prep_block_k, prep_num_warps=plan.prep_num_warps, dot_precision=plan.dot_precision,
             finish=plan.finish, finish_num_warps=plan.finish_num_warps, pdl_kwargs=LC.pdl_kwargs(dev),
-            record_cursor=record_cursor, ring_delta=c.delta, gate=gate)
+            record_cursor=record_cursor, ring_delta=c.delta, gate=gate, stream="gluon" if plan.impl == "gluon" else "triton")
         return
     extra = {} if plan.num_stages is None else dict(num_stages=plan.num_stages)
     snapshot = not c.ring

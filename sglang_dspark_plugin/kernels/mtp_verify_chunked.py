@@ -322,7 +322,7 @@ def _verify_prep_kernel(
 def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_ptr, cur_ptr, wb_ptr, ring_len, H, scale,
                           s_rb_slot, s_rb_h, s_rb_t,
                           STEPS: tl.constexpr, TP: tl.constexpr, NC: tl.constexpr, USE_PDL: tl.constexpr = False,
-                          LAZY: tl.constexpr = False):
+                          LAZY: tl.constexpr = False, SPLIT_W: tl.constexpr = False):
     """Program (n, h), between prep and streaming kernel for windows of 5+ tokens: the window
     coupling ``P`` (to ``pp[n, h]``, ``[TP, TP]``) and the q-side operand
     ``W = diag(rq) Qg - P diag(rk) Kg`` (over ``ws[n, h, 0]``), so that ``O^T = S0 W^T + V^T P^T``:
@@ -332,7 +332,11 @@ def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_
 
     ``LAZY``: the betas come from the workspace ``wb``; ``pp[n, h]`` is ``[P | Tm | Tm diag(rk)]``
     (``[3, TP, TP]``: the streaming kernel's corrected deltas are ``U = V^T Tm^T - (S Kg^T) (Tm diag(rk))^T``),
-    and the window's key-norm reciprocals go to the beta ring at the records' rows."""
+    and the window's key-norm reciprocals go to the beta ring at the records' rows.
+
+    ``SPLIT_W`` (for the Gluon streaming kernel, non-lazy): ``W`` goes out as its tf32 part
+    (``ws[n, h, 0]``, low 13 mantissa bits cleared) and the rest (``ws[n, h, 1]``, over the ``Kg``
+    rows, which the finished non-lazy form does not use): the operands of its 3-pass tf32 product."""
     _pdl_enter(USE_PDL)
     n = tl.program_id(0)
     h = tl.program_id(1)
@@ -358,7 +362,12 @@ def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_
         tl.store(pp_nh + tt, P)
         ws_q = ws_ptr + nh * (2 * TP * KD) + offs_t[:, None] * KD + tl.arange(0, KD)[None, :]
         W = tl.load(ws_q) * rq[:, None] - _mm_small(P * rk[None, :], tl.load(ws_q + TP * KD), TP)
-        tl.store(ws_q, W)
+        if SPLIT_W:
+            W_hi = (W.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+            tl.store(ws_q, W_hi)
+            tl.store(ws_q + TP * KD, W - W_hi)
+        else:
+            tl.store(ws_q, W)
 
 
 @triton.jit(do_not_specialize=["N", "T", "H", "s_rv_slot", "s_rv_h", "s_rv_t", "s_rb_slot", "s_rb_h", "s_rb_t"])
@@ -549,9 +558,10 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
                                ring_rawv, ring_rawk, ring_g, ring_beta, N, T, H, steps, act_bf16,
                                block_v=128, block_k=32, num_warps=4, num_stages=None, dot_precision="tf32x3",
                                finish=False, finish_num_warps=4, prep_block_k=32, prep_num_warps=1, pdl_kwargs=None,
-                               record_cursor=None, ring_delta=None, gate=None):
+                               record_cursor=None, ring_delta=None, gate=None, stream="triton"):
     """Launch the prep, (with ``finish``) finish and streaming kernels on arguments ``mtp_verify``
-    has validated.
+    has validated. ``stream="gluon"``: the streaming kernel is the Hopper Gluon kernel of
+    :mod:`.mtp_verify_gluon` (needs ``finish`` and no lazy record ring).
 
     Workspace (allocated here, from the caching allocator: CUDA-graph capturable): ``[N, H, 2, TP, 128]``
     fp32 decayed q/k, the prep's per-chunk pair sums ``[N, H, NC, 2, TP, TP]`` fp32 and sums of squares
@@ -563,7 +573,8 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
     ``(output_gate, weight, eps, counters)``): the streaming kernel's last V-tile program of each
     (request, head) applies it."""
     rv, rk, rg, rb = ring_rawv, ring_rawk, ring_g, ring_beta
-    TP = max(2, triton.next_power_of_2(steps))
+    # the Gluon stream's wgmma takes window operands of 8 rows or more
+    TP = max(8 if stream == "gluon" else 2, triton.next_power_of_2(steps))
     dev = q.device
     NC = 128 // prep_block_k
     lazy = record_cursor is not None
@@ -604,7 +615,15 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
         _verify_finish_kernel[(N, H)](
             slot_indices, cu_seqlens, rb, ws, wp, wss, pp, cursor, wb, L, H, scale,
             rb.stride(0), rb.stride(1), rb.stride(2),
-            STEPS=steps, TP=TP, NC=NC, LAZY=lazy, num_warps=finish_num_warps, **pdl_kw)
+            STEPS=steps, TP=TP, NC=NC, LAZY=lazy, SPLIT_W=stream == "gluon", num_warps=finish_num_warps, **pdl_kw)
+    if stream == "gluon":
+        assert finish and not lazy, "the Gluon stream takes the finished, non-lazy form"
+        from .mtp_verify_gluon import launch_verify_stream_gluon
+
+        return launch_verify_stream_gluon(
+            v, out, conv_weight=conv_weight, ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices,
+            cu_seqlens=cu_seqlens, intermediate_conv=icw, intermediate_rows=intermediate_rows, ring_rawv=rv,
+            ws=ws, pp=pp, N=N, T=T, H=H, steps=steps, TP=TP, act_bf16=act_bf16, gate=gate)
     if gate is not None:
         og, onw, eps, counters = gate
         gate_args = (og, onw, counters, eps, og.stride(1), og.stride(2))

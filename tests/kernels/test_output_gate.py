@@ -20,6 +20,7 @@ from kda_testutil import F64, make_problem, rel_err, same_bytes, tol
 from sglang_dspark_plugin.errors import DSparkError
 from sglang_dspark_plugin.kernels import decode, mtp_verify
 from sglang_dspark_plugin.kernels import reference as R
+from sglang_dspark_plugin.kernels.mtp_verify_gluon import gluon_verify_supported
 from sglang_dspark_plugin.kernels.record_ring import commit_records
 
 CUDA = torch.cuda.is_available()
@@ -88,6 +89,10 @@ VERIFY_PATHS = [
 if CUDA:
     VERIFY_PATHS += [("ring-chunked-16", 15, "ring", "chunked", None), ("ring-rows-bv128", 7, "ring", "rows", 128),
                      ("lazy-finish-bv16", 7, "lazy", None, 16)]
+GLUON = CUDA and gluon_verify_supported(torch.device("cuda"))
+if GLUON:  # the Hopper stream (sm_90)
+    VERIFY_PATHS += [("ring-gluon", 3, "ring", "gluon", None), ("ring-gluon-8", 7, "ring", "gluon", None),
+                     ("ring-gluon-16", 15, "ring", "gluon", None)]
 DTYPES = (torch.float32, torch.bfloat16) if CUDA else (torch.float32,)  # bf16 is raw bits in the interpreter
 
 
@@ -140,7 +145,7 @@ def test_verify_gate_is_the_norm_of_the_ungated_output(path, dtype):
     assert (out[0, cu[1]:cu[2]] == 0).all() and (out[0, cu[3]:] == 0).all()  # padding, uncovered rows
 
 
-@pytest.mark.parametrize("impl", ["rows", "chunked"])
+@pytest.mark.parametrize("impl", ["rows", "chunked"] + (["gluon"] if GLUON else []))
 def test_verify_gate_matches_float64_reference(impl):
     dtype = torch.bfloat16 if CUDA else torch.float32
     p, kwargs = _verify_setup(3, "ring", dtype, seed=17, H=3)
