@@ -10,6 +10,7 @@ answered here before spending GPU time::
     python3 benchmarks/sass_report.py fold --block-v 16 --warps 1 --lines 15
     python3 benchmarks/sass_report.py decode --buffered --block-v 32 --warps 1
     python3 benchmarks/sass_report.py commit --T 4
+    python3 benchmarks/sass_report.py verify-stream-gluon --T 8
 
 Counts are static (instructions in the binary, loop bodies once): compare variants of one kernel,
 not kernels with each other.
@@ -65,6 +66,62 @@ def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int):
     return triton.compile(src, target=H200, options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
+def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: int = 32, stages: int = 4, maxnreg: int = 128):
+    """The Gluon verify stream (kernels/mtp_verify_gluon.py) compiled for sm_90 through its own
+    launch path (``warmup``: no launch), with this machine's driver swapped for one that only names
+    the target. Its tensor-descriptor arguments need real (CPU) tensors of the serving layout."""
+    import torch
+    from triton.backends.nvidia.driver import CudaDriver
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime import driver
+
+    from sglang_dspark_plugin.kernels import mtp_verify_gluon as G
+
+    class TargetOnly(CudaDriver):
+        def __init__(self):  # no CUDA
+            pass
+
+        def get_current_target(self):
+            return H200
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+        def get_active_torch_device(self):
+            return torch.device("cpu")
+
+    TP = max(8, triton.next_power_of_2(steps))
+    H, N, slots = 4, 2, 3
+    T, D = N * steps, 3 * H * 128
+    act = torch.bfloat16
+    ssm, ws = torch.zeros(slots, H, 128, 128), torch.zeros(N, H, 2, TP, 128)
+    s_desc = TensorDescriptor(ssm, [slots * H * 128, 128], [128, 1], [128, block_k],
+                              gl.NVMMASharedLayout.get_default_for([128, block_k], gl.float32))
+    w_desc = TensorDescriptor(ws, [N * H * 2 * TP, 128], [128, 1], [2 * TP, block_k],
+                              gl.NVMMASharedLayout.get_default_for([2 * TP, block_k], gl.float32))
+    v = torch.zeros(1, T, H, 128, dtype=act)
+    conv, icw = torch.zeros(slots, 3, D, dtype=act), torch.zeros(N, steps, 3, D, dtype=act)
+    rv, og = torch.zeros(slots, H, 2 * steps, 128, dtype=act), torch.zeros(1, T, H, 128, dtype=act)
+    i32 = torch.zeros(N + 1, dtype=torch.int32)
+    saved = driver._active  # None on a machine without a GPU (reading .active would look for one)
+    driver.set_active(TargetOnly())
+    try:
+        return G._verify_stream_gluon_kernel.warmup(
+            s_desc, w_desc, v, v, torch.zeros(D, 4), conv, i32, i32, icw, i32, rv, torch.zeros(N, H, TP, TP),
+            og, torch.zeros(128), 1e-6, N, T, H, N * H,
+            v.stride(1), v.stride(2), v.stride(1), v.stride(2), 4, conv.stride(0), conv.stride(1),
+            icw.stride(0), icw.stride(1), icw.stride(2), rv.stride(0), rv.stride(1), rv.stride(2),
+            og.stride(1), og.stride(2),
+            STEPS=steps, TP=TP, BK=block_k, STAGES=stages, ACT_BF16=True, GATE=gate, PRODUCER_REGS=24,
+            num_warps=4, maxnreg=maxnreg, grid=(1,))
+    finally:
+        driver._active = saved
+
+
 def _tool(name: str, *args: str) -> str:
     return subprocess.run([os.path.join(BIN, name), *args], capture_output=True, text=True, check=True).stdout
 
@@ -114,8 +171,8 @@ def loads_after_first_store(order: str) -> int:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kernel", choices=("verify-prep", "verify-finish", "verify-stream", "fold", "materialize", "commit",
-                                       "decode"))
+    ap.add_argument("kernel", choices=("verify-prep", "verify-finish", "verify-stream", "verify-stream-gluon", "fold",
+                                       "materialize", "commit", "decode"))
     ap.add_argument("--T", type=int, default=4, help="window length 1 + num_spec")
     ap.add_argument("--block-k", type=int, default=None, help="prep: channels per program; stream: K-chunk")
     ap.add_argument("--block-v", type=int, default=None, help="stream (128) / fold (16): V rows per program")
@@ -129,8 +186,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--factored", action="store_true", help="buffered decode: impl='factored' (no state formed "
                     "between flushes)")
     ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--gate", action="store_true", help="gluon stream: with K3's output gate")
     ap.add_argument("--lines", type=int, default=0, help="also list the N source lines with the most SASS")
     a = ap.parse_args(argv)
+    if a.kernel == "verify-stream-gluon":
+        r = report(compile_gluon_stream_sm90(a.T, a.gate, a.block_k or 32), a.lines)
+        print(f"verify-stream-gluon T={a.T} gate={a.gate}: {r['registers']} registers, {r['stack']} B stack, "
+              f"{r['shared']} B shared, {r['sass']} SASS instructions (registers at launch: the math warpgroup "
+              "raises itself to 232, the TMA warp drops to 24)")
+        print("  " + ", ".join(f"{k} {v}" for k, v in r["ops"].most_common(12)))
+        return r
     TP = max(2, triton.next_power_of_2(a.T))
     common = dict(STEPS=a.T, TP=TP, ACT_BF16=True, USE_PDL=False)
     lazy = dict(LAZY=a.lazy, LP=16)

@@ -176,7 +176,7 @@ if HAVE_GLUON:
                 w3 = gl.load(wb + 3)
                 tok_rows = (bos + offs_t).to(gl.int64)[None, :]
                 xt = gl.load(v_ptr + tok_rows * s_v_t + h64 * s_v_h + offs_v[:, None], mask=live[None, :],
-                             other=0.0).to(gl.float32)  # [V, t]
+                             other=0.0).to(gl.float32).to(gl.int32, bitcast=True)  # [V, t], fp32 bits
                 pt = gl.load(pp_ptr + item.to(gl.int64) * (TP * TP) + offs_pc[None, :] * TP + offs_pr[:, None])
                 if GATE:
                     gate = gl.load(og_ptr + tok_rows * s_og_t + h64 * s_og_h + offs_v[:, None], mask=live[None, :],
@@ -208,7 +208,8 @@ if HAVE_GLUON:
                 for sx in gl.static_range(STEPS):
                     on = sx < n_tok
                     m_on = (offs_v < _KD) & on
-                    x = gl.sum(gl.where(offs_t[None, :] == sx, xt, 0.0), axis=1)
+                    # token sx's column (an in-thread sum of bit patterns: exact, signed zeros kept)
+                    x = gl.sum(gl.where(offs_t[None, :] == sx, xt, 0), axis=1).to(gl.float32, bitcast=True)
                     z = gl.fma(w3, x, gl.fma(w2, c2, gl.fma(w1, c1, w0 * c0)))
                     yv = _round_act(z / (1.0 + gl.exp(-z)), ACT_BF16)
                     c0 = c1

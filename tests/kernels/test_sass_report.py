@@ -2,7 +2,7 @@
 fold, the records' materialisation and decode (plain and buffered) compile for sm_90 on a machine
 without a GPU (Triton's bundled ptxas), and the launch table's configurations (verify at 4-token
 windows, the finish and finished streaming kernels of longer windows, the fold's 16-row tiles,
-decode's tiles) do so
+decode's tiles, the Gluon Hopper stream at 8-token windows) do so
 without register spills (docs/design/architecture.md); the prep and the fold issue their loads
 before their first store (no serial memory round trips)."""
 
@@ -34,6 +34,8 @@ TABLE_CONFIGS = {
     "decode-buffered": ("decode", "--buffered", "--block-v", "32", "--warps", "4"),
     "decode-buffered-factored-small-batch": ("decode", "--buffered", "--factored", "--block-v", "128", "--warps", "8"),
     "decode-buffered-factored": ("decode", "--buffered", "--factored", "--block-v", "32", "--warps", "1"),
+    "gluon-stream": ("verify-stream-gluon", "--T", "8"),
+    "gluon-stream-gate": ("verify-stream-gluon", "--T", "8", "--gate"),
 }
 LOAD_ORDER_CONFIGS = {
     "prep-T4": ("verify-prep", "--T", "4", "--block-k", "32", "--warps", "1"),
