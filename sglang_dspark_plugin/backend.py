@@ -52,6 +52,7 @@ from sglang.srt.runtime_context import get_spec
 from .commit import commit_verified_states, delta_ring
 from .errors import dspark_error
 from .kernels import decode, mtp_verify
+from .kernels.mtp_verify import uses_gluon_stream
 from .layout import as_dense_beta, as_dense_heads, densify_verify_batch, split_mixed_qkv
 from .settings import (ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM, LAZY_RECORDS_ENV, LAZY_RECORDS_MAX_WINDOW,
                        LAZY_RECORDS_TESTED_WINDOW, OUTPUT_GATE_ENV, buffered_decode_impl, lazy_records_any_window,
@@ -520,6 +521,9 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             layer._k3_onorm_consumed = True
         kernel = ("mtp_verify (ring, lazy records)" if "record_cursor" in mode
                   else "mtp_verify (ring)" if "ring_rawv" in mode else "mtp_verify (snapshot)")
+        if "ring_rawv" in mode and "record_cursor" not in mode and uses_gluon_stream(cache.temporal, ring=True,
+                                                                                    lazy=False):
+            kernel = "mtp_verify (ring, gluon stream)"
         _log_kernel_first_use(kernel + (" + output gate" if gate is not None else ""))
         return batch.to_packed(out)
 

@@ -347,8 +347,7 @@ def mtp_verify(
         output_norm_weight=output_norm_weight, output_norm_eps=output_norm_eps,
         output_gate_workspace=output_gate_workspace,
     )
-    if impl is None and checked.ring and checked.delta is None and verify_impl() == "gluon" \
-            and gluon_verify_supported(q.device) and _gluon_pool_ok(ssm_state, checked.H):
+    if impl is None and uses_gluon_stream(ssm_state, ring=checked.ring, lazy=checked.delta is not None):
         impl = "gluon"
     if impl == "gluon" and not (gluon_verify_supported(q.device) and _gluon_pool_ok(ssm_state, checked.H)):
         raise V.dspark_error(V.E_IMPL, "impl", expected="gluon on an sm_90 GPU with Gluon (Triton >= 3.6) and a "
@@ -381,6 +380,14 @@ def mtp_verify(
 def _gluon_pool_ok(ssm_state: torch.Tensor, H: int) -> bool:
     """The Gluon stream reads the pool as one 2-D TMA view ``[slots * H * 128, 128]``: slots contiguous."""
     return ssm_state.stride(0) == H * HEAD_DIM * HEAD_DIM and ssm_state.data_ptr() % 16 == 0
+
+
+def uses_gluon_stream(ssm_state: torch.Tensor, *, ring: bool, lazy: bool) -> bool:
+    """Whether :func:`mtp_verify` with ``impl=None`` runs the Gluon Hopper stream on this state pool:
+    ``SGLANG_DSPARK_VERIFY_IMPL=gluon``, ring mode without the lazy record ring, an sm_90 GPU and a
+    pool of contiguous slots."""
+    return (ring and not lazy and verify_impl() == "gluon" and gluon_verify_supported(ssm_state.device)
+            and _gluon_pool_ok(ssm_state, ssm_state.shape[1]))
 
 
 # ----------------------------------------------------------------------------------------------

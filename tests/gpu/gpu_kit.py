@@ -138,6 +138,7 @@ class Served:
     output_gate: bool = True  # False: SGLANG_DSPARK_OUTPUT_GATE=0 (a K3 model applies its o_norm itself)
     # --max-mamba-cache-size (None: 512): SLOT_REUSE_MAMBA_SLOTS for the slot-reuse configurations
     mamba_slots: Optional[int] = None
+    verify_impl: Optional[str] = None  # SGLANG_DSPARK_VERIFY_IMPL; None = the default (triton)
 
     @property
     def tp_size(self) -> int:
@@ -233,6 +234,8 @@ class Served:
             env["SGLANG_DSPARK_BUFFERED_DECODE"] = self.buffered_decode
         if not self.output_gate:
             env[OUTPUT_GATE_ENV] = "0"
+        if self.verify_impl is not None:
+            env["SGLANG_DSPARK_VERIFY_IMPL"] = self.verify_impl
         if self.tp_size > 1:  # the fleet's servers share the GPUs: SGLang would refuse a rank
             env["SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"] = "0"  # whose GPU has less free memory
         return env
@@ -253,7 +256,8 @@ class Served:
         if self.lazy:
             return ["mtp_verify (ring, lazy records)", "lazy records commit"]
         if self.replayssm:
-            return ["mtp_verify (ring)", "replayssm_fold"]
+            return ["mtp_verify (ring, gluon stream)" if self.verify_impl == "gluon" else "mtp_verify (ring)",
+                    "replayssm_fold"]
         return ["mtp_verify (snapshot)"]
 
     def gated_kernels(self) -> List[str]:
@@ -331,11 +335,19 @@ def configs(model: str) -> List[Served]:
             Served(model, "dspark-g3-replayssm-prefill-graph", "dspark", 3, True, lazy_records="1",
                    prefill_graph=True),
         ]  # fmt: skip
+        # The Gluon Hopper verify stream (SGLANG_DSPARK_VERIFY_IMPL=gluon, sm_90 only: by name, as the
+        # prefill graph), through the fold: gamma 7 and gamma 3 with ragged compact windows.
+        out += [
+            Served(model, "dspark-g7-replayssm-gluon-compact", "dspark", 7, True, ragged="compact", sps_table=True,
+                   verify_impl="gluon"),
+            Served(model, "dspark-g3-replayssm-eager-gluon-compact", "dspark", 3, True, lazy_records="0",
+                   ragged="compact", sps_table=True, verify_impl="gluon"),
+        ]
     if ON_CPU:  # dry run: one speculative configuration is enough
         out = [s for s in out if s.name in ("stock", "dspark-decode", "dspark-g3-snapshot-static", "stock-g3-static")]
     if ONLY_CONFIGS:
         return _only_named(out)
-    return [s for s in out if not s.prefill_graph]  # by default no prefill graph (only by name, above)
+    return [s for s in out if not s.prefill_graph and not s.verify_impl]  # those only by name, above
 
 
 def _only_named(out: List[Served]) -> List[Served]:
