@@ -38,7 +38,7 @@ import torch
 try:  # Gluon ships with Triton >= 3.4; without it this path is simply unavailable
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
@@ -195,9 +195,11 @@ if HAVE_GLUON:
                     w_lo = w_smem.slice(TP, TP).permute((1, 0))
                     s_reg = s_smem.load(a_reg)
                     s_lo = s_reg - _tf32_hi(s_reg)
-                    acc = warpgroup_mma(s_smem, w_hi, acc)
-                    acc = warpgroup_mma(s_smem, w_lo, acc)
-                    acc = warpgroup_mma(s_lo, w_hi, acc)
+                    # three chained async wgmmas, one wait: then the buffer goes back to the TMA warp
+                    acc = warpgroup_mma(s_smem, w_hi, acc, is_async=True)
+                    acc = warpgroup_mma(s_smem, w_lo, acc, is_async=True)
+                    acc = warpgroup_mma(s_lo, w_hi, acc, is_async=True)
+                    acc, s_lo = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s_lo))
                     mbarrier.arrive(empty.index(s), count=1)
                     it += 1
                 _sync_warps()  # p_smem written by every thread
