@@ -60,7 +60,7 @@ ENV_VARS = {
     OUTPUT_GATE_ENV: "unset or 1 = apply Kimi-K3's output gate (o_norm, gated RMSNorm) inside the verify and "
     "decode kernels where the model offers it; 0 = leave it to the model's own o_norm kernel",
     VERIFY_IMPL_ENV: "the ring-mode verify's state stream: triton (default) = the portable Triton kernels; "
-    "gluon = the warp-specialised Gluon kernel (TMA + wgmma) on sm_90 GPUs where it applies (ring mode "
+    "gluon = (experimental) the warp-specialised Gluon kernel (TMA + wgmma) on sm_90 GPUs where it applies (ring mode "
     "without the lazy record ring), the Triton kernels elsewhere (kernels/mtp_verify_gluon.py)",
 }
 
