@@ -1,6 +1,10 @@
 """The Hopper Gluon verify stream (``impl="gluon"``, kernels/mtp_verify_gluon.py) against the float64
 reference: outputs, conv windows and rings, CUDA-graph padding, short requests, windows of 2-16
-tokens, and that it writes nothing else. Runs on sm_90 GPUs only; elsewhere the refusal is tested."""
+tokens, and that it writes nothing else. Runs on sm_90 GPUs only; on any device: the refusal, and
+the path around the kernel (plan, prep, the finish kernel's split W, the workspace it reads) with
+the stream modelled in torch."""
+
+import importlib
 
 import pytest
 import torch
@@ -92,3 +96,71 @@ def test_gluon_refused_where_it_cannot_run():
         with pytest.raises(DSparkError, match="sm_90"):
             mtp_verify(*p.acts(), intermediate_conv=p.new_icw(), **p.new_rings(L=4), **p.verify_kwargs(),
                        impl="gluon")
+
+
+# --- the path around the Gluon kernel, on any device -----------------------------------------------
+
+def _torch_stream(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens, intermediate_conv,
+                  intermediate_rows, ring_rawv, ws, pp, N, T, H, steps, TP, act_bf16, gate=None):
+    """What the Gluon stream computes from the prep and finish kernels' workspace, in float64
+    (``O^T = S0 W^T + V^T P^T``, W = the two halves the finish kernel wrote): a model of the kernel
+    beside the real prep / finish kernels, so that the workspace contract is tested without sm_90.
+    Also checks the split itself: the first half is W's tf32 part (13 low mantissa bits clear)."""
+    live = slot_indices >= 0  # the workspace of padding requests is never written
+    hi = ws[live][:, :, 0]
+    assert not (hi.contiguous().view(torch.int32) & 0x1FFF).any(), "W's first half is not tf32-truncated"
+    act = out.dtype
+    out.zero_()
+    cu = cu_seqlens.tolist()
+    for n in range(N):
+        slot = int(slot_indices[n])
+        if slot < 0:
+            continue
+        bos, n_tok = cu[n], min(cu[n + 1] - cu[n], steps)
+        row = int(intermediate_rows[n])
+        for h in range(H):
+            W = (ws[n, h, 0] + ws[n, h, 1]).to(F64)  # [TP, 128]
+            acc = ssm_state[slot, h].to(F64) @ W.T  # [V, TP]
+            ch = slice(2 * H * 128 + h * 128, 2 * H * 128 + (h + 1) * 128)
+            window = conv_state[slot, :, ch].to(F64)
+            P = pp[n, h].reshape(TP, TP).to(F64)
+            o = acc.clone()
+            for s in range(n_tok):
+                x = v[0, bos + s, h].to(F64)
+                y, window = R.conv_silu_step(window, x, conv_weight[ch].to(F64), act)
+                intermediate_conv[row, s, :, ch] = window.to(act)
+                ring_rawv[slot, h, s] = y.to(act)
+                o += y[:, None] * P[:, s][None, :]
+            rows_o = o[:, :n_tok].T.to(act).to(F64)  # [t, V], rounded as the kernel stores it
+            if gate is not None:
+                og, onw, eps, _ = gate
+                rows_o = R.gated_rms_norm(rows_o, og[0, bos:bos + n_tok, h].to(F64), onw.to(F64), eps)
+            out[0, bos:bos + n_tok, h] = rows_o.to(act)
+    return out
+
+
+@pytest.mark.parametrize("num_spec", (1, 7))
+def test_gluon_path_workspace_contract(num_spec, monkeypatch):
+    """impl="gluon" end to end with the stream modelled in torch: the plan (finish forced, 8-row
+    windows), the prep and the finish kernel's split W, the workspace layout the Gluon kernel reads
+    by TMA (``[N*H*2*TP, 128]`` rows, ``[N*H, TP, TP]`` P) and the rings / conv windows the prep
+    writes: outputs against the float64 reference."""
+    MV = importlib.import_module("sglang_dspark_plugin.kernels.mtp_verify")  # the package exports the function
+    MG = importlib.import_module("sglang_dspark_plugin.kernels.mtp_verify_gluon")
+
+    monkeypatch.setattr(MV, "gluon_verify_supported", lambda device: True)
+    monkeypatch.setattr(MG, "launch_verify_stream_gluon", _torch_stream)
+    dtype = torch.float32
+    p = _scenario(num_spec, dtype, -5.0, seed=77 + num_spec, H=2, N=3)
+    steps, lengths = p.steps, p.extra["lengths"]
+    icw_r, rings_r = p.new_icw(F64, fill=0.0), p.new_rings(act_dtype=F64, fill=0.0)
+    out_r = R.mtp_verify_ref(*p.acts64(), intermediate_conv=icw_r, **rings_r, **p.ref_verify_kwargs())
+    out, icw, rings = torch.full_like(p.q, float("nan")), p.new_icw(), p.new_rings(L=2 * steps)
+    mtp_verify(*p.acts(), intermediate_conv=icw, out=out, **rings, **p.verify_kwargs(), impl="gluon")
+    assert rel_err(out, out_r) <= tol(dtype), rel_err(out, out_r)
+    for slot, row, ln in zip(p.extra["slot_list"], p.extra["row_list"], lengths):
+        if slot < 0:
+            continue
+        assert torch.equal(icw[row, :ln].to(F64), icw_r[row, :ln])
+        for name in rings:
+            assert rel_err(rings[name][slot][:, :ln], rings_r[name][slot][:, :ln]) <= state_tol(dtype), name
