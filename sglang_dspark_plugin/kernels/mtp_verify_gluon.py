@@ -21,7 +21,7 @@ Structure (one persistent CTA per ``ctas_per_sm`` x SMs, looping over (request, 
 
 The finish kernel leaves ``W`` split for it (``SPLIT_W``): ``ws[n, h, 0]`` = tf32 truncation of
 ``W``, ``ws[n, h, 1]`` = the rest (the Kg rows there are unused by the finished non-lazy form).
-Conv, rounding and gate use the same operation order as ``common.py``'s helpers.
+Conv and rounding call ``common.py``'s helpers; the gate follows ``common._gated_rms_norm``'s order.
 
 Requires: Triton with Gluon (``triton.experimental.gluon``), an sm_90 GPU, the state pool's
 slots contiguous (``[slots, H, 128, 128]`` with slot stride ``H * 128 * 128``). The wrapper
@@ -41,6 +41,9 @@ try:  # Gluon ships with Triton >= 3.4; without it this path is simply unavailab
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     HAVE_GLUON = True
+    # the elementwise helpers of the Triton kernels, called from Gluon: the same operations in the
+    # same order, so conv outputs and roundings are the Triton kernels' bytes
+    from .common import _conv_silu, _round_act
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
 
@@ -77,15 +80,6 @@ if HAVE_GLUON:
     def _tf32_hi(x):
         """``x`` with the 13 mantissa bits tf32 drops cleared (what the tensor core reads of it)."""
         return (x.to(gl.uint32, bitcast=True) & 0xFFFFE000).to(gl.float32, bitcast=True)
-
-    @gluon.jit
-    def _round_act(x, ACT_BF16: gl.constexpr):
-        """fp32 -> nearest bf16 value (ties to even) as fp32 when ACT_BF16 (common._round_act)."""
-        if ACT_BF16:
-            bits = x.to(gl.uint32, bitcast=True)
-            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-            x = bits.to(gl.float32, bitcast=True)
-        return x
 
     @gluon.jit
     def _producer(s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items,
@@ -212,8 +206,7 @@ if HAVE_GLUON:
                     m_on = (offs_v < _KD) & on
                     # token sx's column (an in-thread sum of bit patterns: exact, signed zeros kept)
                     x = gl.sum(gl.where(offs_t[None, :] == sx, xt, 0), axis=1).to(gl.float32, bitcast=True)
-                    z = gl.fma(w3, x, gl.fma(w2, c2, gl.fma(w1, c1, w0 * c0)))
-                    yv = _round_act(z / (1.0 + gl.exp(-z)), ACT_BF16)
+                    yv = _round_act(_conv_silu(c0, c1, c2, x, w0, w1, w2, w3), ACT_BF16)
                     c0 = c1
                     c1 = c2
                     c2 = x
