@@ -386,6 +386,25 @@ def gluon_here() -> bool:
     return torch.cuda.is_available() and gluon_verify_supported(torch.device("cuda"))
 
 
+def profile_launches(launches):
+    """For the Nsight Compute scripts (run under ``ncu --profile-from-start off``): each
+    ``(name, fn)`` of ``launches`` run twice to compile, then once each inside the profiler's range,
+    in order. Without CUDA (the interpreter) the same calls run unprofiled, to check a script."""
+    for _ in range(2):
+        for _, fn in launches:
+            fn()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStart()
+    for name, fn in launches:
+        print("profiled:", name, flush=True)
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaProfilerStop()
+
+
 def ours_step_eager(inst, pool, T, acc, cfg=None):
     """One speculative step of the fold-every-commit ring: verify, then fold + conv roll."""
     ours_verify(inst, pool, T, True, cfg or {})

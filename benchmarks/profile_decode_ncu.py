@@ -44,19 +44,7 @@ def main():
         ("bare stream 32x1", lambda: P._stream_two_products[(N, H)](
             state, inst["slots"], x, x, o, state.stride(0), H, BV=32, SPLIT=False, num_warps=1)),
     ]
-    for _ in range(2):  # compile everything outside the profiled range
-        for _, fn in launches:
-            fn()
-    cuda = torch.cuda.is_available()  # (without CUDA: the interpreter, to check the script runs)
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-    for name, fn in launches:
-        print("profiled:", name, flush=True)
-        fn()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
+    BK.profile_launches(launches)
 
 
 if __name__ == "__main__":

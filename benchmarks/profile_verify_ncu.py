@@ -22,7 +22,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_kernels as BK  # noqa: E402
-import torch  # noqa: E402
 
 
 def main():
@@ -37,19 +36,7 @@ def main():
     if BK.gluon_here():
         launches.append(("verify (gluon stream)", lambda: BK.ours_verify(inst, pool, args.T, True, dict(impl="gluon"))))
     launches.append(("fold", lambda: BK.ours_fold(inst, pool, True, {})))
-    for _ in range(2):  # compile everything outside the profiled range
-        for _, fn in launches:
-            fn()
-    cuda = torch.cuda.is_available()  # (without CUDA: the interpreter, to check the script runs)
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStart()
-    for name, fn in launches:
-        print("profiled:", name, flush=True)
-        fn()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaProfilerStop()
+    BK.profile_launches(launches)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from sglang.srt.runtime_context import get_spec
 from .commit import commit_verified_states, delta_ring
 from .errors import dspark_error
 from .kernels import decode, mtp_verify
-from .kernels.mtp_verify import uses_gluon_stream
+from .kernels.mtp_verify import gluon_stream_supported
 from .layout import as_dense_beta, as_dense_heads, densify_verify_batch, split_mixed_qkv
 from .settings import (ACTIVATION_DTYPES, CONV_WIDTH, HEAD_DIM, LAZY_RECORDS_ENV, LAZY_RECORDS_MAX_WINDOW,
                        LAZY_RECORDS_TESTED_WINDOW, OUTPUT_GATE_ENV, buffered_decode_impl, lazy_records_any_window,
@@ -221,7 +221,11 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         self.buffered_decode_impl = buffered_decode_impl()
         lazy_records_enabled()  # likewise SGLANG_DSPARK_LAZY_RECORDS, read again where the ring is decided
         output_gate_enabled()  # and SGLANG_DSPARK_OUTPUT_GATE
-        verify_impl()  # and SGLANG_DSPARK_VERIFY_IMPL (read again by each verify)
+        # SGLANG_DSPARK_VERIFY_IMPL: with "gluon", ring verifies without the lazy ring take the Hopper
+        # stream where the pool allows it (decided at the first such verify: device and pool layout
+        # do not change)
+        self.verify_impl = verify_impl()
+        self._gluon_stream: Optional[bool] = None
         # The fused output gate's arrival counters ([requests * heads] int32 zeros, which the verify
         # kernels leave zero): sized for the CUDA-graph batch in init_cuda_graph_state, grown here
         # otherwise (outside a capture).
@@ -501,6 +505,11 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
             )
             if self.record_cursor is not None:
                 mode.update(record_cursor=self.record_cursor, ring_delta=delta_ring(cache))
+            elif self.verify_impl == "gluon":
+                if self._gluon_stream is None:
+                    self._gluon_stream = gluon_stream_supported(cache.temporal)
+                if self._gluon_stream:
+                    mode.update(impl="gluon")
         else:
             mode = dict(intermediate_ssm=cache.intermediate_ssm)
         if gate is not None:
@@ -520,10 +529,8 @@ class DSparkKDAAttnBackend(KDAAttnBackend):
         if gate is not None:
             layer._k3_onorm_consumed = True
         kernel = ("mtp_verify (ring, lazy records)" if "record_cursor" in mode
+                  else "mtp_verify (ring, gluon stream)" if mode.get("impl") == "gluon"
                   else "mtp_verify (ring)" if "ring_rawv" in mode else "mtp_verify (snapshot)")
-        if "ring_rawv" in mode and "record_cursor" not in mode and uses_gluon_stream(cache.temporal, ring=True,
-                                                                                    lazy=False):
-            kernel = "mtp_verify (ring, gluon stream)"
         _log_kernel_first_use(kernel + (" + output gate" if gate is not None else ""))
         return batch.to_packed(out)
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..settings import HEAD_DIM, verify_impl
+from ..settings import HEAD_DIM
 from . import launch_config as LC
 from . import validation as V
 from .common import (_apply_output_gate, _conv_silu, _delta_step, _kda_gate, _l2norm, _last_tile_of_head,
@@ -287,6 +287,10 @@ def mtp_verify(
         kernels of :mod:`.mtp_verify_chunked` for large batches / long windows, else the recurrent
         ``[block_v, 128]`` kernel below; snapshot mode: always the recurrent kernel).
         ``"chunked"`` or ``"rows"`` force one (``"chunked"`` falls back to ``"rows"`` in snapshot mode).
+        ``"gluon"``: the chunked prep and finish kernels, then the Hopper Gluon stream of
+        :mod:`.mtp_verify_gluon` (ring mode without ``record_cursor``, where
+        :func:`gluon_stream_supported`; else DSPARK-E123). The server chooses it with
+        ``SGLANG_DSPARK_VERIFY_IMPL=gluon``.
     prep_block_k, prep_num_warps : int, optional
         Chunked kernel: q/k channels and warps per program of its prep kernel (one program per
         request, head and channel chunk).
@@ -347,9 +351,7 @@ def mtp_verify(
         output_norm_weight=output_norm_weight, output_norm_eps=output_norm_eps,
         output_gate_workspace=output_gate_workspace,
     )
-    if impl is None and uses_gluon_stream(ssm_state, ring=checked.ring, lazy=checked.delta is not None):
-        impl = "gluon"
-    if impl == "gluon" and not (gluon_verify_supported(q.device) and _gluon_pool_ok(ssm_state, checked.H)):
+    if impl == "gluon" and not gluon_stream_supported(ssm_state):
         raise V.dspark_error(V.E_IMPL, "impl", expected="gluon on an sm_90 GPU with Gluon (Triton >= 3.6) and a "
                              "state pool of contiguous slots", got=f"impl = 'gluon' on {q.device}",
                              fix="leave impl=None (the Triton kernels)")
@@ -377,17 +379,12 @@ def mtp_verify(
     return out
 
 
-def _gluon_pool_ok(ssm_state: torch.Tensor, H: int) -> bool:
-    """The Gluon stream reads the pool as one 2-D TMA view ``[slots * H * 128, 128]``: slots contiguous."""
-    return ssm_state.stride(0) == H * HEAD_DIM * HEAD_DIM and ssm_state.data_ptr() % 16 == 0
-
-
-def uses_gluon_stream(ssm_state: torch.Tensor, *, ring: bool, lazy: bool) -> bool:
-    """Whether :func:`mtp_verify` with ``impl=None`` runs the Gluon Hopper stream on this state pool:
-    ``SGLANG_DSPARK_VERIFY_IMPL=gluon``, ring mode without the lazy record ring, an sm_90 GPU and a
-    pool of contiguous slots."""
-    return (ring and not lazy and verify_impl() == "gluon" and gluon_verify_supported(ssm_state.device)
-            and _gluon_pool_ok(ssm_state, ssm_state.shape[1]))
+def gluon_stream_supported(ssm_state: torch.Tensor) -> bool:
+    """Whether ``impl="gluon"`` can run on this state pool: an sm_90 GPU with Gluon, and slots
+    contiguous (the kernel reads the pool as one 2-D TMA view ``[slots * H * 128, 128]``)."""
+    H = ssm_state.shape[1]
+    return (gluon_verify_supported(ssm_state.device) and ssm_state.stride(0) == H * HEAD_DIM * HEAD_DIM
+            and ssm_state.data_ptr() % 16 == 0)
 
 
 # ----------------------------------------------------------------------------------------------
