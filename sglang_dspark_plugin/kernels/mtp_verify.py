@@ -516,7 +516,7 @@ def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[st
                              got="impl = 'rows'", fix="leave impl=None with record_cursor")
     # snapshot mode always runs the recurrent kernel: the chunked form computes outputs only
     if impl == "gluon":  # the prep and finish kernels, then the Gluon stream (mtp_verify_gluon.py)
-        cfg = dict(LC.verify_ring(H, N, steps, "chunked"), finish=True)
+        cfg = LC.verify_ring(H, N, steps, "chunked")  # the prep / finish tiles
         return VerifyPlan(impl="gluon", block_v=128, num_warps=4, num_stages=None, block_k=32,
                           prep_block_k=prep_block_k or cfg["prep_block_k"],
                           prep_num_warps=prep_num_warps or cfg["prep_num_warps"], dot_precision="tf32x3",
