@@ -18,6 +18,7 @@ Servers (:data:`SERVERS`, started together, each measured alone while the others
 * ``reference``: stock SGLang without speculation; it also returns its top-2 log-probabilities,
   so its tokens/s include that;
 * ``control``: stock SGLang + DSPARK (gamma 3, ReplaySSM: SGLang's own speculation);
+* ``control-g7``: the same at gamma 7;
 * ``dspark-g3``: the plugin + DSPARK at gamma 3 (the lazy record ring: the server must log it on);
 * ``dspark-g7``: the plugin + DSPARK at gamma 7 (every commit folds).
 
@@ -32,8 +33,8 @@ within the bf16 spacing of the logits there (their magnitude from the float64 fo
 definition, ``ReferenceTarget``) and the server took the other of the reference's top two (at an
 exact tie the reference's pick may be the one it lists second). Each divergence also records the
 float64 top-2 gap in bf16 spacings (``float64_spacings``), the same measure for every server. The plugin may have
-no divergence outside that rule, and no more divergences than the control plus noise
-(:data:`NOISE_SIGMAS` Poisson standard deviations).
+no divergence outside that rule, and no more divergences than the control of its block size
+(:func:`control_for`) plus noise (:data:`NOISE_SIGMAS` Poisson standard deviations).
 
 Writes ``soak.json`` (every request's outcome, every divergence; :func:`for_file`) and ``soak.md`` (the table) to
 ``--out`` and prints the table. Exit status 1 when a verdict fails.
@@ -427,9 +428,16 @@ class ServerSpec:
 SERVERS = [
     ServerSpec("reference", "stock"),
     ServerSpec("control", "stock", 3),
+    ServerSpec("control-g7", "stock", 7),
     ServerSpec("dspark-g3", "dspark", 3, lazy_ring=True),
     ServerSpec("dspark-g7", "dspark", 7, lazy_ring=False),
 ]
+
+
+def control_for(spec: ServerSpec) -> str:
+    """The control server a speculative server is judged against: SGLang's own speculation at the
+    same block size (a divergence count depends on how many tokens each verify decides)."""
+    return next((c.name for c in SERVERS if c.backend == "stock" and c.gamma == spec.gamma), "control")
 
 
 def server_args(spec: ServerSpec, args, model: tiny_models.ModelSpec, gpu: bool) -> List[str]:
@@ -640,7 +648,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 ref_rows = run["rows"]
             elif ref_rows is not None:
                 run["comparison"] = compare(requests, ref_rows, run["rows"], logits)
-            control = result["servers"].get("control", {}).get("comparison")
+            control = result["servers"].get(control_for(spec), {}).get("comparison")
             run["verdicts"] = verdicts(spec.name, run, requests, run.get("comparison"), control,
                                        plugin=spec.backend == "dspark")
             result["servers"][spec.name] = run

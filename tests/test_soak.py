@@ -250,3 +250,14 @@ def test_render_a_saved_result(tmp_path, capsys):
     table = capsys.readouterr().out.splitlines()
     assert table[3].startswith("| dspark-g3 | 1/1 | 0 | 1/1 | 1 | 1 | 2 | 1 | 1 | 3.20 | 123 |")
     assert "| - | 123 |" in table[2]  # the reference: nothing compared
+
+
+def test_each_plugin_server_is_judged_against_the_control_of_its_block_size():
+    by_name = {s.name: s for s in soak.SERVERS}
+    assert soak.control_for(by_name["dspark-g3"]) == "control"
+    assert soak.control_for(by_name["dspark-g7"]) == "control-g7"
+    for name in ("control", "control-g7"):
+        assert by_name[name].backend == "stock" and by_name[name].gamma == by_name[soak.control_for(by_name[name])].gamma
+    # a control runs before the plugin server judged against it (servers run in SERVERS order)
+    order = [s.name for s in soak.SERVERS]
+    assert order.index("control-g7") < order.index("dspark-g7") and order.index("control") < order.index("dspark-g3")
