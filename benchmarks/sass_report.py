@@ -66,7 +66,8 @@ def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int):
     return triton.compile(src, target=H200, options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
-def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: int = 32, stages: int = 4, maxnreg: int = 128):
+def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: int = 32, stages: int = 4, maxnreg: int = 128,
+                              prefetch: bool = False):
     """The Gluon verify stream (kernels/mtp_verify_gluon.py) compiled for sm_90 through its own
     launch path (``warmup``: no launch), with this machine's driver swapped for one that only names
     the target. Its tensor-descriptor arguments need real (CPU) tensors of the serving layout."""
@@ -116,7 +117,7 @@ def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: int = 32, stages:
             v.stride(1), v.stride(2), v.stride(1), v.stride(2), 4, conv.stride(0), conv.stride(1),
             icw.stride(0), icw.stride(1), icw.stride(2), rv.stride(0), rv.stride(1), rv.stride(2),
             og.stride(1), og.stride(2),
-            STEPS=steps, TP=TP, BK=block_k, STAGES=stages, ACT_BF16=True, GATE=gate, PRODUCER_REGS=24,
+            STEPS=steps, TP=TP, BK=block_k, STAGES=stages, ACT_BF16=True, GATE=gate, PRODUCER_REGS=24, PREFETCH=prefetch,
             num_warps=4, maxnreg=maxnreg, grid=(1,))
     finally:
         driver._active = saved
@@ -187,11 +188,12 @@ def main(argv=None) -> dict:
                     "between flushes)")
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--gate", action="store_true", help="gluon stream: with K3's output gate")
+    ap.add_argument("--prefetch", action="store_true", help="gluon stream: epilogue operands loaded one item ahead")
     ap.add_argument("--lines", type=int, default=0, help="also list the N source lines with the most SASS")
     a = ap.parse_args(argv)
     if a.kernel == "verify-stream-gluon":
-        r = report(compile_gluon_stream_sm90(a.T, a.gate, a.block_k or 32), a.lines)
-        print(f"verify-stream-gluon T={a.T} gate={a.gate}: {r['registers']} registers, {r['stack']} B stack, "
+        r = report(compile_gluon_stream_sm90(a.T, a.gate, a.block_k or 32, prefetch=a.prefetch), a.lines)
+        print(f"verify-stream-gluon T={a.T} gate={a.gate} prefetch={a.prefetch}: {r['registers']} registers, {r['stack']} B stack, "
               f"{r['shared']} B shared, {r['sass']} SASS instructions (registers at launch: the math warpgroup "
               "raises itself to 232, the TMA warp drops to 24)")
         print("  " + ", ".join(f"{k} {v}" for k, v in r["ops"].most_common(12)))

@@ -83,15 +83,20 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _producer(s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items,
-                  TP: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+                  TP: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr):
         """The TMA warp: every live item's four state chunks and window-operand chunks, in order."""
         pid = gl.program_id(0)
         nprog = gl.num_programs(0)
         it = 0
+        N = n_items // H
+        slot_next = gl.load(slot_ptr + pid // H)
         for item in range(pid, n_items, nprog):
-            n = item // H
             h = item % H
-            slot = gl.load(slot_ptr + n)
+            slot = slot_next
+            if PREFETCH:  # the next item's slot now, so that its TMA issue does not wait for it
+                slot_next = gl.load(slot_ptr + gl.minimum((item + nprog) // H, N - 1))
+            else:
+                slot = gl.load(slot_ptr + item // H)
             if slot >= 0:
                 for c in gl.static_range(_KD // BK):
                     s = it % STAGES
@@ -104,6 +109,59 @@ if HAVE_GLUON:
                     it += 1
 
     @gluon.jit
+    def _item_index(item, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS: gl.constexpr):
+        """(slot, first token, tokens, conv-window row) of work item ``item``; slot -1 past the
+        last item (reads stay inside the tables)."""
+        n = gl.minimum(item // H, N - 1)
+        slot = gl.load(slot_ptr + n).to(gl.int64)
+        bos = gl.load(cu_ptr + n)
+        n_tok = gl.minimum(gl.load(cu_ptr + n + 1) - bos, STEPS)
+        row = gl.load(irow_ptr + n).to(gl.int64)
+        return gl.where(item < n_items, slot, -1), bos, n_tok, row
+
+    @gluon.jit
+    def _item_operands(item, slot, bos, n_tok, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
+                       s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h,
+                       TP: gl.constexpr, GATE: gl.constexpr):
+        """Every global load of an item's epilogue: the v conv window ``c0..c2`` and weights
+        ``w0..w3`` of its head's V channels, its tokens' v (fp32 bits) and gate rows ``[V, TP]``,
+        and ``P^T``. Masked to zeros where the item has no slot (padding, past the last item)."""
+        rows: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, TP], threads_per_warp=[32, 1],
+                                              warps_per_cta=[4, 1], order=[1, 0])
+        pl: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
+                                            order=[1, 0])
+        offs_v = gl.arange(0, _KD, layout=gl.SliceLayout(1, rows))
+        offs_t = gl.arange(0, TP, layout=gl.SliceLayout(0, rows))
+        offs_pr = gl.arange(0, TP, layout=gl.SliceLayout(1, pl))
+        offs_pc = gl.arange(0, TP, layout=gl.SliceLayout(0, pl))
+        has = slot >= 0
+        h = item % H
+        h64 = h.to(gl.int64)
+        live = (offs_t < n_tok) & has
+        on_v = (offs_v < _KD) & has
+        ch_v = 2 * H * _KD + h * _KD + offs_v
+        cbase = conv_ptr + gl.maximum(slot, 0) * s_conv_slot + ch_v
+        c0 = gl.load(cbase, mask=on_v, other=0.0).to(gl.float32)
+        c1 = gl.load(cbase + s_conv_row, mask=on_v, other=0.0).to(gl.float32)
+        c2 = gl.load(cbase + 2 * s_conv_row, mask=on_v, other=0.0).to(gl.float32)
+        wb = cw_ptr + ch_v.to(gl.int64) * s_w
+        w0 = gl.load(wb)
+        w1 = gl.load(wb + 1)
+        w2 = gl.load(wb + 2)
+        w3 = gl.load(wb + 3)
+        tok_rows = (bos + offs_t).to(gl.int64)[None, :]
+        xt = gl.load(v_ptr + tok_rows * s_v_t + h64 * s_v_h + offs_v[:, None], mask=live[None, :],
+                     other=0.0).to(gl.float32).to(gl.int32, bitcast=True)  # [V, t], fp32 bits
+        pt = gl.load(pp_ptr + item.to(gl.int64) * (TP * TP) + offs_pc[None, :] * TP + offs_pr[:, None],
+                     mask=(offs_pr[:, None] < TP) & has, other=0.0)
+        if GATE:
+            gate = gl.load(og_ptr + tok_rows * s_og_t + h64 * s_og_h + offs_v[:, None], mask=live[None, :],
+                           other=0.0).to(gl.float32)
+        else:
+            gate = gl.zeros([_KD, TP], gl.float32, rows)
+        return c0, c1, c2, w0, w1, w2, w3, xt, pt, gate
+
+    @gluon.jit
     def _consumer(s_bufs, w_bufs, p_smem, ready, empty,
                   v_ptr, out_ptr, cw_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, pp_ptr,
                   og_ptr, onw_ptr, onorm_eps,
@@ -111,7 +169,7 @@ if HAVE_GLUON:
                   s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
                   s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
                   STEPS: gl.constexpr, TP: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                  ACT_BF16: gl.constexpr, GATE: gl.constexpr):
+                  ACT_BF16: gl.constexpr, GATE: gl.constexpr, PREFETCH: gl.constexpr):
         """The math warpgroup: state product per chunk, then the item's epilogue."""
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, TP, 8])
@@ -131,14 +189,35 @@ if HAVE_GLUON:
         icw_ty = icw_ptr.dtype.element_ty
         rv_ty = rv_ptr.dtype.element_ty
         cu_end = gl.load(cu_ptr + N)
+        if GATE:
+            nw = gl.load(onw_ptr + offs_v).to(gl.float32)
 
         pid = gl.program_id(0)
         nprog = gl.num_programs(0)
         it = 0
+        if PREFETCH:
+            # Software pipeline: an item's epilogue operands are loaded one item ahead and its
+            # indices two ahead, so that no load's latency lands between two items' math.
+            slot_a, bos_a, ntok_a, row_a = _item_index(pid, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS)
+            c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a = _item_operands(
+                pid, slot_a, bos_a, ntok_a, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
+                s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h, TP, GATE)
+            slot_b, bos_b, ntok_b, row_b = _item_index(pid + nprog, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS)
         for item in range(pid, n_items, nprog):
             n = item // H
             h = item % H
             h64 = h.to(gl.int64)
+            if PREFETCH:
+                slot, bos, n_tok, row = slot_a, bos_a, ntok_a, row_a
+                c0, c1, c2, w0, w1, w2, w3, xt, pt, gate = c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a
+                c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a = _item_operands(
+                    item + nprog, slot_b, bos_b, ntok_b, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
+                    s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h, TP, GATE)
+                slot_a, bos_a, ntok_a, row_a = slot_b, bos_b, ntok_b, row_b
+                slot_b, bos_b, ntok_b, row_b = _item_index(item + 2 * nprog, slot_ptr, cu_ptr, irow_ptr, N, H,
+                                                           n_items, STEPS)
+            else:
+                slot, bos, n_tok, row = _item_index(item, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS)
             # Output rows no request covers ([cu_seqlens[N], T)): zero the dense positions of block n
             # (head h's columns).
             p_d = n * STEPS + offs_t
@@ -146,36 +225,18 @@ if HAVE_GLUON:
             gl.store(out_ptr + p_d.to(gl.int64)[None, :] * s_o_t + h64 * s_o_h + offs_v[:, None],
                      gl.zeros([_KD, TP], gl.float32, rows).to(out_ty), mask=m_pad[None, :])
 
-            slot = gl.load(slot_ptr + n).to(gl.int64)
-            bos = gl.load(cu_ptr + n)
-            n_tok = gl.minimum(gl.load(cu_ptr + n + 1) - bos, STEPS)
             live = offs_t < n_tok
             o_ptrs = out_ptr + (bos + offs_t).to(gl.int64)[None, :] * s_o_t + h64 * s_o_h + offs_v[:, None]
             if slot < 0:
                 # CUDA-graph padding: nothing read from the slot, zeros to out
                 gl.store(o_ptrs, gl.zeros([_KD, TP], gl.float32, rows).to(out_ty), mask=live[None, :])
             else:
-                # Every global load of the epilogue first, so that it lands while the state streams
-                # in (after the stores below, a load could not be moved above them).
-                row = gl.load(irow_ptr + n).to(gl.int64)
+                if not PREFETCH:
+                    # every global load of the epilogue before the state arrives
+                    c0, c1, c2, w0, w1, w2, w3, xt, pt, gate = _item_operands(
+                        item, slot, bos, n_tok, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
+                        s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h, TP, GATE)
                 ch_v = 2 * H * _KD + h * _KD + offs_v
-                cbase = conv_ptr + slot * s_conv_slot + ch_v
-                c0 = gl.load(cbase).to(gl.float32)
-                c1 = gl.load(cbase + s_conv_row).to(gl.float32)
-                c2 = gl.load(cbase + 2 * s_conv_row).to(gl.float32)
-                wb = cw_ptr + ch_v.to(gl.int64) * s_w
-                w0 = gl.load(wb)
-                w1 = gl.load(wb + 1)
-                w2 = gl.load(wb + 2)
-                w3 = gl.load(wb + 3)
-                tok_rows = (bos + offs_t).to(gl.int64)[None, :]
-                xt = gl.load(v_ptr + tok_rows * s_v_t + h64 * s_v_h + offs_v[:, None], mask=live[None, :],
-                             other=0.0).to(gl.float32).to(gl.int32, bitcast=True)  # [V, t], fp32 bits
-                pt = gl.load(pp_ptr + item.to(gl.int64) * (TP * TP) + offs_pc[None, :] * TP + offs_pr[:, None])
-                if GATE:
-                    gate = gl.load(og_ptr + tok_rows * s_og_t + h64 * s_og_h + offs_v[:, None], mask=live[None, :],
-                                   other=0.0).to(gl.float32)
-                    nw = gl.load(onw_ptr + offs_v).to(gl.float32)
                 _sync_warps()  # the previous item's reads of p_smem are done
                 p_smem.store(pt)  # P^T: row s = P[:, s]
 
@@ -235,7 +296,7 @@ if HAVE_GLUON:
         s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
         s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
         STEPS: gl.constexpr, TP: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-        ACT_BF16: gl.constexpr, GATE: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        ACT_BF16: gl.constexpr, GATE: gl.constexpr, PRODUCER_REGS: gl.constexpr, PREFETCH: gl.constexpr,
     ):
         s_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, _KD, BK], s_desc.layout)
         w_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * TP, BK], w_desc.layout)
@@ -253,15 +314,16 @@ if HAVE_GLUON:
                          N, T, H, n_items,
                          s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
                          s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
-                         STEPS, TP, BK, STAGES, ACT_BF16, GATE)),
-            (_producer, (s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items, TP, BK, STAGES)),
+                         STEPS, TP, BK, STAGES, ACT_BF16, GATE, PREFETCH)),
+            (_producer, (s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items, TP, BK, STAGES,
+                         PREFETCH)),
         ], [1], [PRODUCER_REGS])
 
 
 def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens,
                                intermediate_conv, intermediate_rows, ring_rawv, ws, pp, N, T, H, steps, TP,
                                act_bf16, gate=None, block_k=32, stages=4, ctas_per_sm=2, producer_regs=24,
-                               maxnreg=128):
+                               maxnreg=128, prefetch=False, max_ctas=None):
     """Launch the Gluon streaming kernel after the prep and (``SPLIT_W``) finish kernels.
 
     ``ws``: the chunked verify's workspace ``[N, H, 2, TP, 128]`` fp32 with ``[W_hi ; W_lo]``
@@ -272,7 +334,9 @@ def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, sl
     Tuning: ``stages`` state chunks in flight per CTA (``[128, block_k]`` fp32 each), ``ctas_per_sm``
     persistent CTAs per SM, ``maxnreg`` registers per thread at launch (128: two CTAs of 8 warps fit
     an SM's register file; the math warpgroup raises itself to 232, the TMA warp drops to
-    ``producer_regs``)."""
+    ``producer_regs``); ``prefetch``: load each item's epilogue operands one item ahead (and its
+    indices two ahead) instead of at the item's start; ``max_ctas``: a cap on the grid (tests: many
+    items per CTA on a small batch)."""
     KD_ = KD
     slots = ssm_state.shape[0]
     s_layout = gl.NVMMASharedLayout.get_default_for([KD_, block_k], gl.float32)
@@ -287,7 +351,8 @@ def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, sl
         gate_args = (out, out, 0.0)  # placeholders, never touched
         g_strides = (0, 0)
     n_items = N * H
-    grid = (max(1, min(n_items, ctas_per_sm * _sm_count(v.device.index or 0))),)
+    ctas = ctas_per_sm * _sm_count(v.device.index or 0)
+    grid = (max(1, min(n_items, ctas, max_ctas or ctas)),)
     icw = intermediate_conv
     rv = ring_rawv
     _verify_stream_gluon_kernel[grid](
@@ -299,6 +364,6 @@ def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, sl
         conv_state.stride(0), conv_state.stride(1),
         icw.stride(0), icw.stride(1), icw.stride(2), rv.stride(0), rv.stride(1), rv.stride(2), *g_strides,
         STEPS=steps, TP=TP, BK=block_k, STAGES=stages, ACT_BF16=act_bf16, GATE=gate is not None,
-        PRODUCER_REGS=producer_regs, num_warps=4, maxnreg=maxnreg,
+        PRODUCER_REGS=producer_regs, PREFETCH=prefetch, num_warps=4, maxnreg=maxnreg,
     )
     return out

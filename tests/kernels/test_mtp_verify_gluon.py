@@ -4,6 +4,7 @@ tokens, and that it writes nothing else. Runs on sm_90 GPUs only; on any device:
 the path around the kernel (plan, prep, the finish kernel's split W, the workspace it reads) with
 the stream modelled in torch."""
 
+import functools
 import importlib
 
 import pytest
@@ -31,10 +32,24 @@ def _scenario(num_spec, dtype, lb, seed, H=3, N=5):
                         lengths=lengths, row_list=[2, 3, 0, 4, 1][:N], slots=8, rows=6)
 
 
+def _launch_with(monkeypatch, **kw):
+    """Launch the Gluon stream with these launcher options (``mtp_verify`` takes the defaults)."""
+    from sglang_dspark_plugin.kernels import mtp_verify_gluon as G
+
+    monkeypatch.setattr(G, "launch_verify_stream_gluon", functools.partial(G.launch_verify_stream_gluon, **kw))
+
+
+# The launches tested: the default, and the software-pipelined epilogue loads on two CTAs, so that
+# each CTA walks several items (a padding row among them) and prefetches past the last one.
+LAUNCHES = {"default": {}, "prefetch-2ctas": dict(prefetch=True, max_ctas=2)}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not GLUON, reason="needs an sm_90 GPU and Triton's Gluon")
+@pytest.mark.parametrize("launch", sorted(LAUNCHES))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"ns{c[0]}-{str(c[1]).split('.')[-1]}-lb{c[2]}")
-def test_gluon_verify_matches_reference(case):
+def test_gluon_verify_matches_reference(case, launch, monkeypatch):
+    _launch_with(monkeypatch, **LAUNCHES[launch])
     num_spec, dtype, lb = case
     p = _scenario(num_spec, dtype, lb, seed=4000 + num_spec * 10 + (lb is None))
     steps, lengths = p.steps, p.extra["lengths"]
@@ -76,8 +91,10 @@ def test_gluon_verify_matches_reference(case):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not GLUON, reason="needs an sm_90 GPU and Triton's Gluon")
-def test_gluon_verify_serving_batch():
+@pytest.mark.parametrize("launch", sorted(LAUNCHES))
+def test_gluon_verify_serving_batch(launch, monkeypatch):
     """A serving-size batch (many items per persistent CTA, every ring stage reused many times)."""
+    _launch_with(monkeypatch, **dict(LAUNCHES[launch], max_ctas=None))
     p = make_problem(N=96, H=32, num_spec=7, dtype=torch.bfloat16, lower_bound=-5.0, seed=11)
     out_r = R.mtp_verify_ref(*p.acts64(), intermediate_conv=p.new_icw(F64, 0.0), **p.new_rings(act_dtype=F64),
                              **p.ref_verify_kwargs())

@@ -36,6 +36,7 @@ TABLE_CONFIGS = {
     "decode-buffered-factored": ("decode", "--buffered", "--factored", "--block-v", "32", "--warps", "1"),
     "gluon-stream": ("verify-stream-gluon", "--T", "8"),
     "gluon-stream-gate": ("verify-stream-gluon", "--T", "8", "--gate"),
+    "gluon-stream-gate-prefetch": ("verify-stream-gluon", "--T", "8", "--gate", "--prefetch"),
 }
 LOAD_ORDER_CONFIGS = {
     "prep-T4": ("verify-prep", "--T", "4", "--block-k", "32", "--warps", "1"),
