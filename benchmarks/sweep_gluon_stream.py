@@ -9,7 +9,8 @@ process, so that a configuration that fails to compile or hangs costs only its o
     for c in 4,32,2 6,32,2 3,64,2; do IFS=, read s k m <<<"$c"; timeout 90 python3 \\
         benchmarks/sweep_gluon_stream.py --stages $s --block-k $k --ctas-per-sm $m; done
 
-Prints one line: configuration, verify µs, Triton chunked verify µs, ratio, max |difference|.
+Prints one line (configuration, verify µs, Triton chunked verify µs, ratio, max |difference|),
+then each verify's kernels with their device µs.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ def main():
     print(f"gluon-sweep H={args.H} N={args.N} T={args.T} {name}: gluon {t_gluon:.2f} us, "
           f"chunked {t_chunked:.2f} us, x{t_gluon / t_chunked:.3f}, max|diff| {diff:.3g} "
           f"({torch.cuda.get_device_name()})", flush=True)
+    # where each verify's time goes, kernel by kernel (the streaming kernels are what differs)
+    for impl in ("gluon", "chunked"):
+        per = BK.kernel_breakdown([lambda: BK.ours_verify(inst, pool, args.T, True, dict(impl=impl))])
+        print(f"  {impl}: " + ", ".join(f"{k.split('(')[0]} {us:.1f} us" for k, us in per.items()), flush=True)
 
 
 if __name__ == "__main__":
