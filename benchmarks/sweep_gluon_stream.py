@@ -2,9 +2,9 @@
 
 Times the whole ring-mode verify (prep + finish + Gluon stream, CUDA graph) for one launch
 configuration of the stream (``--stages``, ``--block-k``, ``--ctas-per-sm``, ``--maxnreg``,
-``--prefetch``) and
-checks its output against the Triton chunked verify on the same inputs. One configuration per
-process, so that a configuration that fails to compile or hangs costs only its own run::
+``--prefetch``) and checks its output against the Triton chunked verify on the same inputs. One
+configuration per process, so that a configuration that fails to compile or hangs costs only its
+own run::
 
     for c in 4,32,2 6,32,2 3,64,2; do IFS=, read s k m <<<"$c"; timeout 90 python3 \\
         benchmarks/sweep_gluon_stream.py --stages $s --block-k $k --ctas-per-sm $m; done

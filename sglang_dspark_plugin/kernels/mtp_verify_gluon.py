@@ -88,12 +88,13 @@ if HAVE_GLUON:
         pid = gl.program_id(0)
         nprog = gl.num_programs(0)
         it = 0
-        N = n_items // H
-        slot_next = gl.load(slot_ptr + pid // H)
+        if PREFETCH:
+            N = n_items // H
+            slot_next = gl.load(slot_ptr + pid // H)
         for item in range(pid, n_items, nprog):
             h = item % H
-            slot = slot_next
             if PREFETCH:  # the next item's slot now, so that its TMA issue does not wait for it
+                slot = slot_next
                 slot_next = gl.load(slot_ptr + gl.minimum((item + nprog) // H, N - 1))
             else:
                 slot = gl.load(slot_ptr + item // H)
@@ -122,18 +123,12 @@ if HAVE_GLUON:
     @gluon.jit
     def _item_operands(item, slot, bos, n_tok, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
                        s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h,
-                       TP: gl.constexpr, GATE: gl.constexpr):
+                       offs_v, offs_t, offs_pr, offs_pc, TP: gl.constexpr, GATE: gl.constexpr):
         """Every global load of an item's epilogue: the v conv window ``c0..c2`` and weights
         ``w0..w3`` of its head's V channels, its tokens' v (fp32 bits) and gate rows ``[V, TP]``,
-        and ``P^T``. Masked to zeros where the item has no slot (padding, past the last item)."""
-        rows: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, TP], threads_per_warp=[32, 1],
-                                              warps_per_cta=[4, 1], order=[1, 0])
-        pl: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
-                                            order=[1, 0])
-        offs_v = gl.arange(0, _KD, layout=gl.SliceLayout(1, rows))
-        offs_t = gl.arange(0, TP, layout=gl.SliceLayout(0, rows))
-        offs_pr = gl.arange(0, TP, layout=gl.SliceLayout(1, pl))
-        offs_pc = gl.arange(0, TP, layout=gl.SliceLayout(0, pl))
+        and ``P^T``. Masked to zeros where the item has no slot (padding, past the last item).
+        The offsets are the consumer's (its epilogue rows' V channels and tokens, its ``P`` tile's
+        rows and columns), so the loads land in its layouts."""
         has = slot >= 0
         h = item % H
         h64 = h.to(gl.int64)
@@ -158,7 +153,7 @@ if HAVE_GLUON:
             gate = gl.load(og_ptr + tok_rows * s_og_t + h64 * s_og_h + offs_v[:, None], mask=live[None, :],
                            other=0.0).to(gl.float32)
         else:
-            gate = gl.zeros([_KD, TP], gl.float32, rows)
+            gate = gl.zeros_like(xt).to(gl.float32)
         return c0, c1, c2, w0, w1, w2, w3, xt, pt, gate
 
     @gluon.jit
@@ -201,7 +196,8 @@ if HAVE_GLUON:
             slot_a, bos_a, ntok_a, row_a = _item_index(pid, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS)
             c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a = _item_operands(
                 pid, slot_a, bos_a, ntok_a, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
-                s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h, TP, GATE)
+                s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h,
+                offs_v, offs_t, offs_pr, offs_pc, TP, GATE)
             slot_b, bos_b, ntok_b, row_b = _item_index(pid + nprog, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS)
         for item in range(pid, n_items, nprog):
             n = item // H
@@ -212,7 +208,8 @@ if HAVE_GLUON:
                 c0, c1, c2, w0, w1, w2, w3, xt, pt, gate = c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a
                 c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a = _item_operands(
                     item + nprog, slot_b, bos_b, ntok_b, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
-                    s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h, TP, GATE)
+                    s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h,
+                    offs_v, offs_t, offs_pr, offs_pc, TP, GATE)
                 slot_a, bos_a, ntok_a, row_a = slot_b, bos_b, ntok_b, row_b
                 slot_b, bos_b, ntok_b, row_b = _item_index(item + 2 * nprog, slot_ptr, cu_ptr, irow_ptr, N, H,
                                                            n_items, STEPS)
@@ -235,7 +232,8 @@ if HAVE_GLUON:
                     # every global load of the epilogue before the state arrives
                     c0, c1, c2, w0, w1, w2, w3, xt, pt, gate = _item_operands(
                         item, slot, bos, n_tok, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
-                        s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h, TP, GATE)
+                        s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h,
+                        offs_v, offs_t, offs_pr, offs_pc, TP, GATE)
                 ch_v = 2 * H * _KD + h * _KD + offs_v
                 _sync_warps()  # the previous item's reads of p_smem are done
                 p_smem.store(pt)  # P^T: row s = P[:, s]
