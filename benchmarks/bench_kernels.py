@@ -30,6 +30,8 @@ adds every byte the kernel must move besides the state (activations, conv window
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import datetime
 import json
 import math
@@ -58,6 +60,7 @@ from kda_testutil import F64, make_problem, rel_err  # noqa: E402
 
 from sglang_dspark_plugin.kernels import decode, mtp_verify, replayssm_fold  # noqa: E402
 from sglang_dspark_plugin.kernels.record_ring import commit_records  # noqa: E402
+from sglang_dspark_plugin.kernels import mtp_verify_gluon  # noqa: E402
 from sglang_dspark_plugin.kernels.mtp_verify_gluon import gluon_verify_supported  # noqa: E402
 from sglang_dspark_plugin.kernels import reference as R  # noqa: E402
 
@@ -364,15 +367,52 @@ def acts(inst, H):
     return q, k, v, inst["a2"].view(1, ntok, H, HEAD), inst["b2"].view(1, ntok, H)
 
 
+# The Gluon stream's launches timed beside its default (kernels/mtp_verify_gluon.py, GluonLaunch): a
+# configuration's "gluon" entry names one; the check of each is "verify_ring_gluon" + its suffix.
+GLUON_LAUNCHES = {"": {}, "_prefetch": dict(prefetch=True), "_in_kernel": dict(coupling="in-kernel"),
+                  "_in_kernel_prefetch": dict(coupling="in-kernel", prefetch=True)}
+
+
+def gluon_configs():
+    """``mtp_verify`` configurations of every launch in GLUON_LAUNCHES, with their check names."""
+    return [("verify_ring_gluon" + sfx, dict(impl="gluon", **({"gluon": kw} if kw else {})))
+            for sfx, kw in GLUON_LAUNCHES.items()]
+
+
+def check_name(cfg):
+    """The check a ring-verify configuration must have passed (forced kernels only)."""
+    if cfg.get("impl") == "gluon":
+        return next(name for name, c in gluon_configs() if c.get("gluon") == cfg.get("gluon"))
+    return "verify_ring_" + cfg["impl"]
+
+
+@contextlib.contextmanager
+def gluon_launch(kw):
+    """``mtp_verify_gluon.LAUNCH`` with ``kw`` replaced, for the calls inside (CUDA-graph capture
+    included: the launch is chosen when the kernel is launched)."""
+    saved = mtp_verify_gluon.LAUNCH
+    mtp_verify_gluon.LAUNCH = dataclasses.replace(saved, **(kw or {}))
+    try:
+        yield
+    finally:
+        mtp_verify_gluon.LAUNCH = saved
+
+
+def verify_with(*args, **kw):
+    """``mtp_verify`` with a configuration's optional ``gluon`` launch entry applied."""
+    with gluon_launch(kw.pop("gluon", None)):
+        return mtp_verify(*args, **kw)
+
+
 def ours_verify(inst, pool, T, ring, cfg):
     H = pool["H"]
     mode = (dict(ring_rawv=pool["rv"], ring_rawk=pool["rk"], ring_g=pool["rg"], ring_beta=pool["rb"]) if ring
             else dict(intermediate_ssm=pool["issm"]))
-    return mtp_verify(*acts(inst, H), conv_weight=pool["w"], A_log=pool["A_log"], dt_bias=pool["dt_bias"],
-                      lower_bound=pool["lb"], ssm_state=pool["state"], conv_state=pool["conv"],
-                      slot_indices=inst["slots"], cu_seqlens=inst["cu"], num_spec=T - 1,
-                      intermediate_conv=pool["icw"], intermediate_rows=inst["rows"], out=inst["out"],
-                      **mode, **cfg)
+    return verify_with(*acts(inst, H), conv_weight=pool["w"], A_log=pool["A_log"], dt_bias=pool["dt_bias"],
+                       lower_bound=pool["lb"], ssm_state=pool["state"], conv_state=pool["conv"],
+                       slot_indices=inst["slots"], cu_seqlens=inst["cu"], num_spec=T - 1,
+                       intermediate_conv=pool["icw"], intermediate_rows=inst["rows"], out=inst["out"],
+                       **mode, **cfg)
 
 
 def ours_fold(inst, pool, conv, cfg):
@@ -509,10 +549,10 @@ def check_ours(Ts, H, combos=((BF16, LB), (FP32, None), (FP32, LB))):
             # ring mode: both kernels forced (the default picks one of them by N, H and T)
             variants = [("verify_ring_rows", dict(impl="rows")), ("verify_ring_chunked", dict(impl="chunked"))]
             if gluon_here():
-                variants.append(("verify_ring_gluon", dict(impl="gluon")))
+                variants += gluon_configs()
             for variant, vkw in variants:
                 icw_v, rings_v = p.new_icw(), p.new_rings(L=max(2, triton.next_power_of_2(2 * steps)))
-                out_v = mtp_verify(*p.acts(), intermediate_conv=icw_v, **rings_v, **p.verify_kwargs(), **vkw)
+                out_v = verify_with(*p.acts(), intermediate_conv=icw_v, **rings_v, **p.verify_kwargs(), **vkw)
                 sync()
                 e_v = rel_err(out_v, out_r)
                 record(variant, T, e_v <= tol[dt] and not out_v.isnan().any(), **{f"out_{dname(dt)}_{lbname(lb)}": e_v})
@@ -799,7 +839,7 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
         for cfg in configs.get(kname, [{}]):
             cks = [kname]
             if ring and cfg.get("impl") in ("rows", "chunked", "gluon"):
-                cks = ["verify_ring_" + cfg["impl"]]
+                cks = [check_name(cfg)]
             elif ring:  # the default picks either kernel by (N, H, T): both must have passed
                 cks = [kname, "verify_ring_rows", "verify_ring_chunked"]
             out.append((kname, "ours", cfg, [lambda i=i, c=cfg, r=ring: ours_verify(i, pool, T, r, c) for i in insts],
@@ -817,10 +857,10 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
     ver_ok = ok("verify_ring", T) and ok("verify_ring_chunked", T) and ok("fold", T)
     out.append(("step_eager", "ours", None, [lambda i=i, a_=a_: ours_step_eager(i, pool, T, a_) for i, a_ in steps_of],
                 None if ver_ok else "check failed"))
-    if gluon_here():
-        out.append(("step_eager", "ours", dict(impl="gluon"),
-                    [lambda i=i, a_=a_: ours_step_eager(i, pool, T, a_, dict(impl="gluon")) for i, a_ in steps_of],
-                    None if ok("verify_ring_gluon", T) and ok("fold", T) else "check failed"))
+    for name, gcfg in (gluon_configs() if gluon_here() else []):
+        out.append(("step_eager", "ours", gcfg,
+                     [lambda i=i, a_=a_, c=gcfg: ours_step_eager(i, pool, T, a_, c) for i, a_ in steps_of],
+                     None if ok(name, T) and ok("fold", T) else "check failed"))
     for lz in pool["lazy"]:
         out.append((f"step_lazy_L{lz['L']}", "ours", None,
                     [lambda i=i, a_=a_, lz=lz: ours_step_lazy(i, pool, T, lz, a_) for i, a_ in steps_of],
@@ -1232,7 +1272,8 @@ def candidate_configs():
     defaults (sglang_dspark_plugin/kernels/launch_config.py): each ring-verify kernel forced (with the
     table's tiles for it), which shows the table's kernel choice at every point."""
     return dict(
-        verify_ring=[{}, dict(impl="rows"), dict(impl="chunked")] + ([dict(impl="gluon")] if gluon_here() else []),
+        verify_ring=[{}, dict(impl="rows"), dict(impl="chunked")] + ([c for _, c in gluon_configs()] if gluon_here()
+                                                                      else []),
         verify_snapshot=[{}],
         fold=[{}],
         decode=[{}],

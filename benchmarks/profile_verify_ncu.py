@@ -8,9 +8,10 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__inst_issued.avg.pct_of_pe
 sm__warps_active.avg.pct_of_peak_sustained_active --csv python3 benchmarks/profile_verify_ncu.py --N 64 --T 8
 
 Profiled, in order (H=32 by default, bf16 activations, the K3 gate): the Triton chunked verify
-(prep, finish, streaming kernel), the same with the Gluon Hopper stream where the GPU takes it
-(prep, finish, Gluon stream), and the fold of the window. Each launch is one kernel in the
-report, in that order.
+(prep, finish, streaming kernel), the same with the Gluon Hopper stream where the GPU takes it,
+once per launch of ``bench_kernels.GLUON_LAUNCHES`` (prep, finish, Gluon stream; with the
+in-kernel coupling prep and Gluon stream only), and the fold of the window. Each launch is one
+kernel in the report, in that order.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def main():
     pool, insts = BK.make_pool(args.H, args.N, args.T, 1, False)
     inst = insts[0]
     launches = [("verify (triton chunked)", lambda: BK.ours_verify(inst, pool, args.T, True, dict(impl="chunked")))]
-    if BK.gluon_here():
-        launches.append(("verify (gluon stream)", lambda: BK.ours_verify(inst, pool, args.T, True, dict(impl="gluon"))))
+    for name, cfg in (BK.gluon_configs() if BK.gluon_here() else []):
+        launches.append((f"verify ({name})", lambda c=cfg: BK.ours_verify(inst, pool, args.T, True, c)))
     launches.append(("fold", lambda: BK.ours_fold(inst, pool, True, {})))
     BK.profile_launches(launches)
 

@@ -1,8 +1,10 @@
 """Tuning sweep of the Gluon Hopper stream (kernels/mtp_verify_gluon.py) on bench_kernels' tensors.
 
-Times the whole ring-mode verify (prep + finish + Gluon stream, CUDA graph) for one launch
-configuration of the stream (``--stages``, ``--block-k``, ``--ctas-per-sm``, ``--maxnreg``,
-``--prefetch``) and checks its output against the Triton chunked verify on the same inputs. One
+Times the whole ring-mode verify (prep + finish + Gluon stream, or prep + Gluon stream with
+``--coupling in-kernel``; CUDA graph) for one launch of the stream (``GluonLaunch``: ``--stages``,
+``--block-k``, ``--ctas-per-sm``, ``--maxnreg``, ``--producer-regs``, ``--worker-regs``,
+``--prefetch``, ``--coupling``) and checks its output against the Triton chunked verify on the
+same inputs. One
 configuration per process, so that a configuration that fails to compile or hangs costs only its
 own run::
 
@@ -16,7 +18,7 @@ then each verify's kernels with their device µs.
 from __future__ import annotations
 
 import argparse
-import functools
+import dataclasses
 import os
 import sys
 
@@ -38,14 +40,19 @@ def main():
     ap.add_argument("--ctas-per-sm", type=int, default=2)
     ap.add_argument("--maxnreg", type=int, default=128)
     ap.add_argument("--producer-regs", type=int, default=24)
+    ap.add_argument("--worker-regs", type=int, default=G.GluonLaunch.worker_regs,
+                    help="in-kernel coupling: registers of the TMA and algebra warps")
     ap.add_argument("--prefetch", action="store_true", help="epilogue operands loaded one item ahead")
+    ap.add_argument("--coupling", default="finish-kernel", choices=G.COUPLINGS,
+                    help="the window coupling from the finish kernel or computed in the Gluon kernel")
     ap.add_argument("--rep", type=int, default=50, help="do_bench rep (ms)")
     args = ap.parse_args()
     pool, insts = BK.make_pool(args.H, args.N, args.T, 1, False)
     inst = insts[0]
-    cfg = dict(stages=args.stages, block_k=args.block_k, ctas_per_sm=args.ctas_per_sm, maxnreg=args.maxnreg,
-               producer_regs=args.producer_regs, prefetch=args.prefetch)
-    G.launch_verify_stream_gluon = functools.partial(G.launch_verify_stream_gluon, **cfg)
+    cfg = dict(coupling=args.coupling, stages=args.stages, block_k=args.block_k, ctas_per_sm=args.ctas_per_sm,
+               maxnreg=args.maxnreg, producer_regs=args.producer_regs, worker_regs=args.worker_regs,
+               prefetch=args.prefetch)
+    G.LAUNCH = dataclasses.replace(G.LAUNCH, **cfg)
 
     BK.ours_verify(inst, pool, args.T, True, dict(impl="chunked"))
     ref = inst["out"].clone()
