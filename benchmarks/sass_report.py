@@ -51,8 +51,14 @@ TYPES = {**{n: "*bf16" for n in ACT}, **{n: "*i32" for n in ("slot_ptr", "cu_ptr
 
 
 def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int):
-    """``triton.compile`` of a ``@triton.jit`` function for sm_90, argument types from TYPES."""
+    """``triton.compile`` of a ``@triton.jit`` function for sm_90, argument types from TYPES.
+    Constexpr parameters not in ``constexprs`` take their defaults, as at a launch (left out, they
+    would compile as runtime integers, with every branch they select)."""
+    import inspect
+
     names = fn.arg_names
+    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.default is not inspect.Parameter.empty},
+                  **constexprs}
     sig = {n: "constexpr" if n in constexprs else TYPES.get(n, "*fp32" if n.endswith("_ptr") else "i32")
            for n in names}
     # A real launch specialises pointers and integer arguments that are multiples of 16 (the pool

@@ -310,10 +310,10 @@ def _verify_prep_kernel(
         hi, lo = _prefix_sum_pair(g)
         A_c, M_c = _pair_sums(yq, yk, hi, lo, m_live, TP)
         eG = tl.exp(hi + lo)
-        qg = yq * eG
-        kg = yk * eG
         if SPLIT_QK:
             ws_tile = ws_ptr + nh * (4 * TP * KD) + offs_t[:, None] * KD + offs_c[None, :]
+            qg = yq * eG
+            kg = yk * eG
             qg_hi = _tf32_part(qg)
             kg_hi = _tf32_part(kg)
             tl.store(ws_tile, qg_hi)
@@ -322,8 +322,8 @@ def _verify_prep_kernel(
             tl.store(ws_tile + 3 * TP * KD, kg - kg_hi)
         else:
             ws_tile = ws_ptr + nh * (2 * TP * KD) + offs_t[:, None] * KD + offs_c[None, :]
-            tl.store(ws_tile, qg)
-            tl.store(ws_tile + TP * KD, kg)
+            tl.store(ws_tile, yq * eG)
+            tl.store(ws_tile + TP * KD, yk * eG)
         nhc = ((n * H + h) * NC + ci).to(tl.int64)
         tt = offs_t[:, None] * TP + offs_t[None, :]
         tl.store(wp_ptr + nhc * (2 * TP * TP) + tt, A_c)

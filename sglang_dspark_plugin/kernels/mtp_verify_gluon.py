@@ -469,7 +469,8 @@ if HAVE_GLUON:
         for i in gl.static_range(2):
             mbarrier.init(alg_ready.index(i), count=1)
             mbarrier.init(alg_empty.index(i), count=1)
-        # (the partition lists are spelled out per branch: a JIT function cannot be held in a variable)
+        # (the partition lists are spelled out per branch: neither a JIT function nor a tuple holding
+        # constexprs can be kept in a variable)
         if COUPLE:
             gl.warp_specialize([
                 (_consumer, (s_bufs, w_bufs, p_smem, ready, empty, alg_ring, alg_ready, alg_empty,
