@@ -48,8 +48,8 @@ def verify_ring(H: int, N: int, steps: int, impl: Optional[str] = None, lazy: bo
 
     ``lazy`` (the lazy record ring): always the chunked kernels (the only ones that keep records),
     with the same tiles, except 4 warps for the finished streaming kernel (windows of 5+ tokens):
-    with its 16-wide epilogue products it needs 254 registers with 2 (``benchmarks/sass_report.py
-    --lazy``, 8-token windows; 147 with 4). Such windows keep the lazy ring off by default: its step
+    with its 16-wide epilogue products it needs 236 registers with 2 (``benchmarks/sass_report.py
+    --lazy``, 8-token windows; 164 with 4). Such windows keep the lazy ring off by default: its step
     is still slower there than verify + fold (docs/design/lazy-record-ring.md)."""
     if lazy:
         cfg = verify_ring(H, N, steps, "chunked")
@@ -100,7 +100,7 @@ def decode(H: int, N: int, buffered: bool = False, factored: bool = False) -> di
     (H200 sweep).
     Buffered (SGLang's decode ring): 32-row tiles with 4 warps at every size, the only tile of
     those tried that compiles for sm_90 without spills (the ring's 16 x 128 carried keys and the
-    ``tl.dot`` operands stay live across the V loop; 1 warp spills 976 B, 128 rows 456 B:
+    ``tl.dot`` operands stay live across the V loop; 1 warp spills 976 B, 128 rows 464 B:
     ``benchmarks/sass_report.py decode --buffered``). The factored buffered step (``impl="factored"``)
     keeps no ring tile live across the V loop and has no ``tl.dot`` (no spills at 1 warp):
     the whole tile with 4 warps while N*H <= 256, 32-row tiles with 1 warp above (H200
