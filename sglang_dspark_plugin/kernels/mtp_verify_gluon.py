@@ -162,14 +162,16 @@ if HAVE_GLUON:
     @gluon.jit
     def _window_algebra(alg_ring, alg_ready, alg_empty, slot_ptr, cu_ptr, rb_ptr, wp_ptr, wss_ptr, scale,
                         H, n_items, s_rb_slot, s_rb_h, s_rb_t,
-                        STEPS: gl.constexpr, TP: gl.constexpr, NC: gl.constexpr):
+                        STEPS: gl.constexpr, TP: gl.constexpr, NC: gl.constexpr, COUPLE: gl.constexpr):
         """The algebra warp (in-kernel coupling): for every live item, in the math warpgroup's
         order, the window coupling from the prep's ``NC`` chunk partials (added in chunk order)
         and the window's betas, as ``_window_coupling`` computes it: ``rq`` (times ``scale``) and
         ``rk`` from the fp64 sums of squares, ``Nm = diag(beta) A`` and ``Mm = M`` normalised,
         ``X = (I + Nm)^-1`` by forward substitution, ``P = Mm X diag(beta)``. Ring entry ``b`` of
         ``alg_ring [2, 2 TP, TP]``: rows ``0..TP`` ``P^T`` (row s = ``P[:, s]``), row ``TP`` ``rq``,
-        row ``TP + 1`` ``rk``."""
+        row ``TP + 1`` ``rk``. Without ``COUPLE`` (finish-kernel form) it returns at once."""
+        if not COUPLE:
+            return
         L: gl.constexpr = gl.BlockedLayout(size_per_thread=[TP // 4, TP // 8], threads_per_warp=[4, 8],
                                            warps_per_cta=[1, 1], order=[1, 0])
         rowL: gl.constexpr = gl.SliceLayout(1, L)
@@ -469,34 +471,22 @@ if HAVE_GLUON:
         for i in gl.static_range(2):
             mbarrier.init(alg_ready.index(i), count=1)
             mbarrier.init(alg_empty.index(i), count=1)
-        # (the partition lists are spelled out per branch: neither a JIT function nor a tuple holding
-        # constexprs can be kept in a variable)
-        if COUPLE:
-            gl.warp_specialize([
-                (_consumer, (s_bufs, w_bufs, p_smem, ready, empty, alg_ring, alg_ready, alg_empty,
-                             v_ptr, out_ptr, cw_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, pp_ptr,
-                             og_ptr, onw_ptr, onorm_eps,
-                             N, T, H, n_items,
-                             s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
-                             s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
-                             STEPS, TP, BK, STAGES, ACT_BF16, GATE, PREFETCH, COUPLE)),
-                (_producer, (s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items, WROWS, BK,
-                             STAGES, PREFETCH)),
-                (_window_algebra, (alg_ring, alg_ready, alg_empty, slot_ptr, cu_ptr, rb_ptr, wp_ptr, wss_ptr,
-                                   scale, H, n_items, s_rb_slot, s_rb_h, s_rb_t, STEPS, TP, NC)),
-            ], [1, 1], [WORKER_REGS, WORKER_REGS])
-        else:
-            gl.warp_specialize([
-                (_consumer, (s_bufs, w_bufs, p_smem, ready, empty, alg_ring, alg_ready, alg_empty,
-                             v_ptr, out_ptr, cw_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, pp_ptr,
-                             og_ptr, onw_ptr, onorm_eps,
-                             N, T, H, n_items,
-                             s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
-                             s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
-                             STEPS, TP, BK, STAGES, ACT_BF16, GATE, PREFETCH, COUPLE)),
-                (_producer, (s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items, WROWS, BK,
-                             STAGES, PREFETCH)),
-            ], [1], [PRODUCER_REGS])
+        # the algebra warp has nothing to do in the finish-kernel form (it returns at once); the TMA
+        # and algebra warps share a warpgroup, hence one register count
+        WREGS: gl.constexpr = WORKER_REGS if COUPLE else PRODUCER_REGS
+        gl.warp_specialize([
+            (_consumer, (s_bufs, w_bufs, p_smem, ready, empty, alg_ring, alg_ready, alg_empty,
+                         v_ptr, out_ptr, cw_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, pp_ptr,
+                         og_ptr, onw_ptr, onorm_eps,
+                         N, T, H, n_items,
+                         s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
+                         s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
+                         STEPS, TP, BK, STAGES, ACT_BF16, GATE, PREFETCH, COUPLE)),
+            (_producer, (s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items, WROWS, BK, STAGES,
+                         PREFETCH)),
+            (_window_algebra, (alg_ring, alg_ready, alg_empty, slot_ptr, cu_ptr, rb_ptr, wp_ptr, wss_ptr,
+                               scale, H, n_items, s_rb_slot, s_rb_h, s_rb_t, STEPS, TP, NC, COUPLE)),
+        ], [1, 1], [WREGS, WREGS])
 
 
 def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens,
