@@ -93,7 +93,10 @@ class GluonLaunch:
 
     def __post_init__(self):
         if self.coupling not in COUPLINGS:
-            raise ValueError(f"GluonLaunch.coupling: expected one of {COUPLINGS}, got {self.coupling!r}")
+            from . import validation as V
+
+            raise V.dspark_error(V.E_IMPL, "GluonLaunch.coupling", expected='"finish-kernel" or "in-kernel"',
+                                 got=repr(self.coupling), fix='leave the default ("finish-kernel")')
 
 
 LAUNCH = GluonLaunch()

@@ -226,3 +226,13 @@ def test_gluon_path_workspace_contract(num_spec, coupling, monkeypatch):
         assert torch.equal(icw[row, :ln].to(F64), icw_r[row, :ln])
         for name in rings:
             assert rel_err(rings[name][slot][:, :ln], rings_r[name][slot][:, :ln]) <= state_tol(dtype), name
+
+
+def test_gluon_launch_refuses_an_unknown_coupling():
+    """A launch option naming no coupling is refused with DSPARK-E123 (rather than running the
+    finish-kernel form silently)."""
+    from sglang_dspark_plugin.kernels import mtp_verify_gluon as G
+
+    with pytest.raises(DSparkError, match=r"DSPARK-E123.*GluonLaunch.coupling.*'in_kernel'"):
+        G.GluonLaunch(coupling="in_kernel")
+    assert G.GluonLaunch(coupling="in-kernel").coupling == "in-kernel"
