@@ -4,9 +4,8 @@ Times the whole ring-mode verify (prep + finish + Gluon stream, or prep + Gluon 
 ``--coupling in-kernel``; CUDA graph) for one launch of the stream (``GluonLaunch``: ``--stages``,
 ``--block-k``, ``--ctas-per-sm``, ``--maxnreg``, ``--producer-regs``, ``--worker-regs``,
 ``--prefetch``, ``--coupling``) and checks its output against the Triton chunked verify on the
-same inputs. One
-configuration per process, so that a configuration that fails to compile or hangs costs only its
-own run::
+same inputs. One configuration per process, so that a configuration that fails to compile or hangs
+costs only its own run::
 
     for c in 4,32,2 6,32,2 3,64,2; do IFS=, read s k m <<<"$c"; timeout 90 python3 \\
         benchmarks/sweep_gluon_stream.py --stages $s --block-k $k --ctas-per-sm $m; done

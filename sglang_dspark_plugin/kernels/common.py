@@ -35,6 +35,13 @@ def _round_act(x, ACT_BF16: tl.constexpr):
 
 
 @triton.jit
+def _tf32_part(x):
+    """``x`` with the 13 mantissa bits tf32 drops cleared: ``x = part + (x - part)`` exactly, and a
+    tensor core reads ``part`` unchanged (the operands of a 3-pass tf32 product)."""
+    return (x.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from .common import (_apply_output_gate, _carried_keys, _conv_silu, _kda_gate, _last_tile_of_head, _lazy_cursor,
-                     _load_delta, _pdl_enter, _round_act, _sigmoid, _store_delta)
+                     _load_delta, _pdl_enter, _round_act, _sigmoid, _store_delta, _tf32_part)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,13 +124,6 @@ def _window_operand(ws_rows, offs_c, row_ok, ALL_ROWS: tl.constexpr):
     else:
         wt = tl.load(ws_rows + offs_c[None, :], mask=row_ok[:, None], other=0.0)
     return wt
-
-
-@triton.jit
-def _tf32_part(x):
-    """``x`` with the 13 mantissa bits tf32 drops cleared: ``x = part + (x - part)`` exactly, and a
-    tensor core reads ``part`` unchanged (the operands of a 3-pass tf32 product)."""
-    return (x.to(tl.uint32, bitcast=True) & 0xFFFFE000).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -57,7 +57,7 @@ try:  # Gluon ships with Triton >= 3.4; without it this path is simply unavailab
     HAVE_GLUON = True
     # the elementwise helpers of the Triton kernels, called from Gluon: the same operations in the
     # same order, so conv outputs and roundings are the Triton kernels' bytes
-    from .common import _conv_silu, _round_act
+    from .common import _conv_silu, _round_act, _tf32_part
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
 
@@ -127,11 +127,6 @@ if HAVE_GLUON:
             gl.barrier()
         else:
             gl.thread_barrier()
-
-    @gluon.jit
-    def _tf32_hi(x):
-        """``x`` with the 13 mantissa bits tf32 drops cleared (what the tensor core reads of it)."""
-        return (x.to(gl.uint32, bitcast=True) & 0xFFFFE000).to(gl.float32, bitcast=True)
 
     @gluon.jit
     def _producer(s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items,
@@ -379,7 +374,7 @@ if HAVE_GLUON:
                     s_smem = s_bufs.index(s)
                     w_smem = w_bufs.index(s)
                     s_reg = s_smem.load(a_reg)
-                    s_lo = s_reg - _tf32_hi(s_reg)
+                    s_lo = s_reg - _tf32_part(s_reg)
                     # chained async wgmmas, one wait: then the buffer goes back to the TMA warp
                     if COUPLE:  # rows [Qg_hi; Kg_hi; Qg_lo; Kg_lo]
                         q_hi = w_smem.slice(0, TP).permute((1, 0))
