@@ -369,8 +369,7 @@ def acts(inst, H):
 
 # The Gluon stream's launches timed beside its default (kernels/mtp_verify_gluon.py, GluonLaunch): a
 # configuration's "gluon" entry names one; the check of each is "verify_ring_gluon" + its suffix.
-GLUON_LAUNCHES = {"": {}, "_prefetch": dict(prefetch=True), "_in_kernel": dict(coupling="in-kernel"),
-                  "_in_kernel_prefetch": dict(coupling="in-kernel", prefetch=True)}
+GLUON_LAUNCHES = {"": {}, "_k32": dict(stages=4, block_k=32)}
 
 
 def gluon_configs():

@@ -9,8 +9,8 @@ sm__warps_active.avg.pct_of_peak_sustained_active --csv python3 benchmarks/profi
 
 Profiled, in order (H=32 by default, bf16 activations, the K3 gate): the Triton chunked verify
 (prep, finish, streaming kernel), the same with the Gluon Hopper stream where the GPU takes it,
-once per launch of ``bench_kernels.GLUON_LAUNCHES`` (prep, finish, Gluon stream; with the
-in-kernel coupling prep and Gluon stream only), and the fold of the window. Each launch is one
+once per launch of ``bench_kernels.GLUON_LAUNCHES`` (prep, finish, Gluon stream), and the fold
+of the window. Each launch is one
 kernel in the report, in that order.
 """
 

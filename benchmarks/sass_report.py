@@ -25,6 +25,7 @@ import os
 import re
 import subprocess
 import tempfile
+from typing import Optional
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -72,11 +73,13 @@ def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int):
     return triton.compile(src, target=H200, options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
-def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: int = 32, stages: int = 4, maxnreg: int = 128,
-                              prefetch: bool = False, coupling: str = "finish-kernel"):
+def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: Optional[int] = None, stages: Optional[int] = None,
+                              pdl: bool = True):
     """The Gluon verify stream (kernels/mtp_verify_gluon.py) compiled for sm_90 through its own
     launch path (``warmup``: no launch), with this machine's driver swapped for one that only names
-    the target. Its tensor-descriptor arguments need real (CPU) tensors of the serving layout."""
+    the target. Its tensor-descriptor arguments need real (CPU) tensors of the serving layout.
+    ``block_k`` / ``stages``: ``mtp_verify_gluon.LAUNCH``'s unless given; ``pdl``: with programmatic
+    dependent launch, as the chunked verify launches it on sm_90."""
     import torch
     from triton.backends.nvidia.driver import CudaDriver
     from triton.experimental.gluon import language as gl
@@ -101,18 +104,18 @@ def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: int = 32, stages:
         def get_active_torch_device(self):
             return torch.device("cpu")
 
+    launch = G.LAUNCH
+    block_k, stages = block_k or launch.block_k, stages or launch.stages
     TP = max(8, triton.next_power_of_2(steps))
-    H, N, slots, NC = 4, 2, 3, 4
+    H, N, slots = 4, 2, 3
     T, D = N * steps, 3 * H * 128
     act = torch.bfloat16
-    couple = coupling == "in-kernel"
-    rows = (4 if couple else 2) * TP  # window operand rows per item
-    ssm, ws = torch.zeros(slots, H, 128, 128), torch.zeros(N, H, rows // TP, TP, 128)
+    rows = 2 * TP  # window operand rows per item
+    ssm, ws = torch.zeros(slots, H, 128, 128), torch.zeros(N, H, 2, TP, 128)
     s_desc = TensorDescriptor(ssm, [slots * H * 128, 128], [128, 1], [128, block_k],
                               gl.NVMMASharedLayout.get_default_for([128, block_k], gl.float32))
     w_desc = TensorDescriptor(ws, [N * H * rows, 128], [128, 1], [rows, block_k],
                               gl.NVMMASharedLayout.get_default_for([rows, block_k], gl.float32))
-    rb = torch.zeros(slots, H, 2 * steps)
     v = torch.zeros(1, T, H, 128, dtype=act)
     conv, icw = torch.zeros(slots, 3, D, dtype=act), torch.zeros(N, steps, 3, D, dtype=act)
     rv, og = torch.zeros(slots, H, 2 * steps, 128, dtype=act), torch.zeros(1, T, H, 128, dtype=act)
@@ -122,33 +125,32 @@ def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: int = 32, stages:
     try:
         return G._verify_stream_gluon_kernel.warmup(
             s_desc, w_desc, v, v, torch.zeros(D, 4), conv, i32, i32, icw, i32, rv, torch.zeros(N, H, TP, TP),
-            og, torch.zeros(128), 1e-6, rb, torch.zeros(N, H, NC, 2, TP, TP),
-            torch.zeros(N, H, NC, 2, TP, dtype=torch.float64), 0.088, N, T, H, N * H,
+            og, torch.zeros(128), 1e-6, N, T, H, N * H,
             v.stride(1), v.stride(2), v.stride(1), v.stride(2), 4, conv.stride(0), conv.stride(1),
             icw.stride(0), icw.stride(1), icw.stride(2), rv.stride(0), rv.stride(1), rv.stride(2),
-            og.stride(1), og.stride(2), rb.stride(0), rb.stride(1), rb.stride(2),
-            STEPS=steps, TP=TP, BK=block_k, STAGES=stages, ACT_BF16=True, GATE=gate, PRODUCER_REGS=24, PREFETCH=prefetch,
-            COUPLE=couple, NC=NC, WORKER_REGS=G.GluonLaunch.worker_regs, num_warps=4, maxnreg=maxnreg, grid=(1,))
+            og.stride(1), og.stride(2),
+            STEPS=steps, TP=TP, BK=block_k, STAGES=stages, ACT_BF16=True, GATE=gate,
+            PRODUCER_REGS=launch.producer_regs, num_warps=4, maxnreg=launch.maxnreg, grid=(1,),
+            **(dict(USE_PDL=True, launch_pdl=True) if pdl else {}))
     finally:
         driver._active = saved
 
 
 def gluon_spills_by_partition(r) -> dict:
     """The Gluon stream's spill instructions (STL / LDL) by the partition whose source lines they
-    carry: ``math`` (the consumer and the helpers only it calls), ``tma`` (the producer),
-    ``algebra`` (the in-kernel coupling's warp) and ``other`` (shared library lines, e.g.
-    reductions, that more than one partition inlines). ``r``: :func:`report` with every line."""
+    carry: ``math`` (the consumer and the helpers only it calls), ``tma`` (the producer) and
+    ``other`` (shared library lines, e.g. reductions, that more than one partition inlines).
+    ``r``: :func:`report` with every line."""
     import inspect
 
     from sglang_dspark_plugin.kernels import mtp_verify_gluon as G
 
     owner = {}
-    for part, fns in (("math", (G._consumer, G._item_operands, G._item_index)), ("tma", (G._producer,)),
-                      ("algebra", (G._window_algebra,))):
+    for part, fns in (("math", (G._consumer, G._item_operands, G._item_index)), ("tma", (G._producer,))):
         for fn in fns:
             src, first = inspect.getsourcelines(fn.fn)
             owner.update({f"mtp_verify_gluon.py:{first + i}": part for i in range(len(src))})
-    out = dict(math=0, tma=0, algebra=0, other=0)
+    out = dict(math=0, tma=0, other=0)
     for where, _, spill in r["lines"]:
         if spill:
             part = owner.get(where, "math" if where.startswith("common.py:") else "other")
@@ -219,24 +221,20 @@ def main(argv=None) -> dict:
     ap.add_argument("--buffered", action="store_true", help="decode: through SGLang's decode ring (16 rows)")
     ap.add_argument("--factored", action="store_true", help="buffered decode: impl='factored' (no state formed "
                     "between flushes)")
-    ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--stages", type=int, default=None, help="default 3 (the Gluon stream: its launch's)")
     ap.add_argument("--gate", action="store_true", help="gluon stream: with K3's output gate")
-    ap.add_argument("--prefetch", action="store_true", help="gluon stream: epilogue operands loaded one item ahead")
-    ap.add_argument("--coupling", default="finish-kernel", choices=("finish-kernel", "in-kernel"),
-                    help="gluon stream: the window coupling from the finish kernel or computed in the kernel")
     ap.add_argument("--lines", type=int, default=0, help="also list the N source lines with the most SASS")
     a = ap.parse_args(argv)
     if a.kernel == "verify-stream-gluon":
         from sglang_dspark_plugin.kernels import mtp_verify_gluon as G
 
-        r = report(compile_gluon_stream_sm90(a.T, a.gate, a.block_k or 32, prefetch=a.prefetch,
-                                             coupling=a.coupling), 100000)
-        regs = ("the math warpgroup raises itself to 232, the TMA warp drops to 24" if a.coupling == "finish-kernel"
-                else f"the TMA and algebra warps drop to {G.GluonLaunch.worker_regs}, the math warpgroup raises itself to "
-                f"{256 - G.GluonLaunch.worker_regs}")
-        print(f"verify-stream-gluon T={a.T} gate={a.gate} prefetch={a.prefetch} coupling={a.coupling}: "
+        launch = G.LAUNCH
+        block_k, stages = a.block_k or launch.block_k, a.stages or launch.stages
+        r = report(compile_gluon_stream_sm90(a.T, a.gate, block_k, stages), 100000)
+        print(f"verify-stream-gluon T={a.T} gate={a.gate} block_k={block_k} stages={stages}: "
               f"{r['registers']} registers, {r['stack']} B stack, {r['shared']} B shared, {r['sass']} SASS "
-              f"instructions (registers at launch: {regs})")
+              f"instructions (registers at launch: the math warpgroup raises itself to "
+              f"{2 * launch.maxnreg - launch.producer_regs}, the TMA warp drops to {launch.producer_regs})")
         print("  " + ", ".join(f"{k} {v}" for k, v in r["ops"].most_common(12)))
         print("  spill instructions by partition: " + ", ".join(f"{k} {v}" for k, v in
                                                               gluon_spills_by_partition(r).items()))
@@ -270,9 +268,10 @@ def main(argv=None) -> dict:
         fn, warps = mtp_verify_chunked._verify_stream_kernel, a.warps or 4
         const = dict(common, BV=a.block_v or 128, BK=a.block_k or 32, NC=128 // a.prep_block_k, FINISHED=a.finish,
                      DOT_PREC="tf32x3", SPLIT_D=a.lazy, **lazy)
-    r = report(compile_sm90(fn, const, warps, a.stages), a.lines)
+    stages = 3 if a.stages is None else a.stages
+    r = report(compile_sm90(fn, const, warps, stages), a.lines)
     print(f"{a.kernel}{'' if a.kernel in ('fold', 'decode') else f' T={a.T}'} {', '.join(f'{k}={v}' for k, v in const.items() if k not in common)} warps={warps} "
-          f"stages={a.stages}: {r['registers']} registers, {r['stack']} B stack, {r['shared']} B shared, "
+          f"stages={stages}: {r['registers']} registers, {r['stack']} B stack, {r['shared']} B shared, "
           f"{r['sass']} SASS instructions")
     print("  " + ", ".join(f"{k} {v}" for k, v in r["ops"].most_common(12)))
     print(f"  global loads (L) / stores (S) / branches (|) in code order: {r['order']}; "

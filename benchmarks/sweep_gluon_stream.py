@@ -1,13 +1,12 @@
 """Tuning sweep of the Gluon Hopper stream (kernels/mtp_verify_gluon.py) on bench_kernels' tensors.
 
-Times the whole ring-mode verify (prep + finish + Gluon stream, or prep + Gluon stream with
-``--coupling in-kernel``; CUDA graph) for one launch of the stream (``GluonLaunch``: ``--stages``,
-``--block-k``, ``--ctas-per-sm``, ``--maxnreg``, ``--producer-regs``, ``--worker-regs``,
-``--prefetch``, ``--coupling``) and checks its output against the Triton chunked verify on the
-same inputs. One configuration per process, so that a configuration that fails to compile or hangs
+Times the whole ring-mode verify (prep + finish + Gluon stream; CUDA graph) for one launch of the
+stream (``GluonLaunch``: ``--stages``, ``--block-k``, ``--ctas-per-sm``, ``--maxnreg``,
+``--producer-regs``; the defaults are ``mtp_verify_gluon.LAUNCH``'s) and checks its output against
+the Triton chunked verify on the same inputs. One configuration per process, so that a configuration that fails to compile or hangs
 costs only its own run::
 
-    for c in 4,32,2 6,32,2 3,64,2; do IFS=, read s k m <<<"$c"; timeout 90 python3 \\
+    for c in 2,64,2 4,32,2 3,64,1; do IFS=, read s k m <<<"$c"; timeout 90 python3 \\
         benchmarks/sweep_gluon_stream.py --stages $s --block-k $k --ctas-per-sm $m; done
 
 Prints one line (configuration, verify µs, Triton chunked verify µs, ratio, max |difference|),
@@ -34,23 +33,18 @@ def main():
     ap.add_argument("--N", type=int, default=64)
     ap.add_argument("--H", type=int, default=32)
     ap.add_argument("--T", type=int, default=8)
-    ap.add_argument("--stages", type=int, default=4)
-    ap.add_argument("--block-k", type=int, default=32)
-    ap.add_argument("--ctas-per-sm", type=int, default=2)
-    ap.add_argument("--maxnreg", type=int, default=128)
-    ap.add_argument("--producer-regs", type=int, default=24)
-    ap.add_argument("--worker-regs", type=int, default=G.GluonLaunch.worker_regs,
-                    help="in-kernel coupling: registers of the TMA and algebra warps")
-    ap.add_argument("--prefetch", action="store_true", help="epilogue operands loaded one item ahead")
-    ap.add_argument("--coupling", default="finish-kernel", choices=G.COUPLINGS,
-                    help="the window coupling from the finish kernel or computed in the Gluon kernel")
+    launch = G.LAUNCH
+    ap.add_argument("--stages", type=int, default=launch.stages)
+    ap.add_argument("--block-k", type=int, default=launch.block_k)
+    ap.add_argument("--ctas-per-sm", type=int, default=launch.ctas_per_sm)
+    ap.add_argument("--maxnreg", type=int, default=launch.maxnreg)
+    ap.add_argument("--producer-regs", type=int, default=launch.producer_regs)
     ap.add_argument("--rep", type=int, default=50, help="do_bench rep (ms)")
     args = ap.parse_args()
     pool, insts = BK.make_pool(args.H, args.N, args.T, 1, False)
     inst = insts[0]
-    cfg = dict(coupling=args.coupling, stages=args.stages, block_k=args.block_k, ctas_per_sm=args.ctas_per_sm,
-               maxnreg=args.maxnreg, producer_regs=args.producer_regs, worker_regs=args.worker_regs,
-               prefetch=args.prefetch)
+    cfg = dict(stages=args.stages, block_k=args.block_k, ctas_per_sm=args.ctas_per_sm, maxnreg=args.maxnreg,
+               producer_regs=args.producer_regs)
     G.LAUNCH = dataclasses.replace(G.LAUNCH, **cfg)
 
     BK.ours_verify(inst, pool, args.T, True, dict(impl="chunked"))

@@ -287,8 +287,7 @@ def mtp_verify(
         kernels of :mod:`.mtp_verify_chunked` for large batches / long windows, else the recurrent
         ``[block_v, 128]`` kernel below; snapshot mode: always the recurrent kernel).
         ``"chunked"`` or ``"rows"`` force one (``"chunked"`` falls back to ``"rows"`` in snapshot mode).
-        ``"gluon"``: the chunked prep and finish kernels (the prep alone with the in-kernel
-        coupling of ``mtp_verify_gluon.LAUNCH``), then the Hopper Gluon stream of
+        ``"gluon"``: the chunked prep and finish kernels, then the Hopper Gluon stream of
         :mod:`.mtp_verify_gluon` (ring mode without ``record_cursor``, where
         :func:`gluon_stream_supported`; else DSPARK-E123). The server chooses it with
         ``SGLANG_DSPARK_VERIFY_IMPL=gluon``.

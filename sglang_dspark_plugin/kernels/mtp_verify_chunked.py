@@ -223,7 +223,7 @@ def _verify_prep_kernel(
     s_rk_slot, s_rk_h, s_rk_t, s_rg_slot, s_rg_h, s_rg_t, s_rb_slot, s_rb_h, s_rb_t,
     STEPS: tl.constexpr, TP: tl.constexpr, BK: tl.constexpr,
     ACT_BF16: tl.constexpr, USE_LB: tl.constexpr, USE_PDL: tl.constexpr = False,
-    LAZY: tl.constexpr = False, LP: tl.constexpr = 16, SPLIT_QK: tl.constexpr = False,
+    LAZY: tl.constexpr = False, LP: tl.constexpr = 16,
 ):
     """Program (n, h, c): everything of the window that does not touch the state, for the q/k
     channels of chunk ``c`` (``BK`` of them; ``NC = 128 / BK`` chunks per head).
@@ -241,11 +241,7 @@ def _verify_prep_kernel(
     slot's ``p`` pending ones (``base = 0`` when the window flushes), its betas to the workspace
     ``wb[n, h]`` (the beta ring keeps the records' key-norm reciprocals), and this program also
     leaves the pending records' carried keys of its channels in ``wr[n, h, :p, chunk]`` and the
-    checkpoint decay in ``wc[n, h, chunk]`` (:func:`_carried_keys`) for the streaming kernel.
-
-    ``SPLIT_QK`` (the Gluon stream's in-kernel coupling, non-lazy): ``ws[n, h]`` is ``[4, TP, 128]``,
-    ``[Qg_hi; Kg_hi; Qg_lo; Kg_lo]``: each of ``q o e^G``, ``k o e^G`` as its tf32 part and the rest
-    (:func:`_tf32_part`), the operands of the stream's 3-pass tf32 products."""
+    checkpoint decay in ``wc[n, h, chunk]`` (:func:`_carried_keys`) for the streaming kernel."""
     _pdl_enter(USE_PDL)
     n = tl.program_id(0)
     h = tl.program_id(1)
@@ -303,20 +299,9 @@ def _verify_prep_kernel(
         hi, lo = _prefix_sum_pair(g)
         A_c, M_c = _pair_sums(yq, yk, hi, lo, m_live, TP)
         eG = tl.exp(hi + lo)
-        if SPLIT_QK:
-            ws_tile = ws_ptr + nh * (4 * TP * KD) + offs_t[:, None] * KD + offs_c[None, :]
-            qg = yq * eG
-            kg = yk * eG
-            qg_hi = _tf32_part(qg)
-            kg_hi = _tf32_part(kg)
-            tl.store(ws_tile, qg_hi)
-            tl.store(ws_tile + TP * KD, kg_hi)
-            tl.store(ws_tile + 2 * TP * KD, qg - qg_hi)
-            tl.store(ws_tile + 3 * TP * KD, kg - kg_hi)
-        else:
-            ws_tile = ws_ptr + nh * (2 * TP * KD) + offs_t[:, None] * KD + offs_c[None, :]
-            tl.store(ws_tile, yq * eG)
-            tl.store(ws_tile + TP * KD, yk * eG)
+        ws_tile = ws_ptr + nh * (2 * TP * KD) + offs_t[:, None] * KD + offs_c[None, :]
+        tl.store(ws_tile, yq * eG)
+        tl.store(ws_tile + TP * KD, yk * eG)
         nhc = ((n * H + h) * NC + ci).to(tl.int64)
         tt = offs_t[:, None] * TP + offs_t[None, :]
         tl.store(wp_ptr + nhc * (2 * TP * TP) + tt, A_c)
@@ -576,9 +561,7 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
                                record_cursor=None, ring_delta=None, gate=None, stream="triton"):
     """Launch the prep, (with ``finish``) finish and streaming kernels on arguments ``mtp_verify``
     has validated. ``stream="gluon"``: the streaming kernel is the Hopper Gluon kernel of
-    :mod:`.mtp_verify_gluon` (no lazy record ring), whose coupling (``mtp_verify_gluon.LAUNCH``)
-    decides what comes before it: the finish kernel (``"finish-kernel"``, needs ``finish``) or
-    nothing but the prep, which then splits its q/k operands (``"in-kernel"``).
+    :mod:`.mtp_verify_gluon` (needs ``finish`` and no lazy record ring).
 
     Workspace (allocated here, from the caching allocator: CUDA-graph capturable): ``[N, H, 2, TP, 128]``
     fp32 decayed q/k, the prep's per-chunk pair sums ``[N, H, NC, 2, TP, TP]`` fp32 and sums of squares
@@ -592,21 +575,12 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
     rv, rk, rg, rb = ring_rawv, ring_rawk, ring_g, ring_beta
     # the Gluon stream's wgmma takes window operands of 8 rows or more
     TP = max(8 if stream == "gluon" else 2, triton.next_power_of_2(steps))
-    gluon_launch = None
-    if stream == "gluon":
-        from . import mtp_verify_gluon as G
-
-        gluon_launch = G.LAUNCH
-        split_qk = gluon_launch.coupling == "in-kernel"
-        finish = finish and not split_qk  # the Gluon kernel computes the coupling itself
-    else:
-        split_qk = False
     dev = q.device
     NC = 128 // prep_block_k
     lazy = record_cursor is not None
     L = rk.shape[-2]
     LP = max(16, triton.next_power_of_2(L))
-    ws = torch.empty((N, H, 4 if split_qk else 2, TP, 128), dtype=torch.float32, device=dev)
+    ws = torch.empty((N, H, 2, TP, 128), dtype=torch.float32, device=dev)
     wp = torch.empty((N, H, NC, 2, TP, TP), dtype=torch.float32, device=dev)
     wss = torch.empty((N, H, NC, 2, TP), dtype=torch.float64, device=dev)
     pp = torch.empty(((N, H, 3 if lazy else 1, TP, TP) if finish else (1,)), dtype=torch.float32, device=dev)
@@ -635,7 +609,7 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
         rk.stride(0), rk.stride(1), rk.stride(2), rg.stride(0), rg.stride(1), rg.stride(2),
         rb.stride(0), rb.stride(1), rb.stride(2),
         STEPS=steps, TP=TP, BK=prep_block_k, ACT_BF16=act_bf16, USE_LB=lower_bound is not None,
-        LAZY=lazy, LP=LP, SPLIT_QK=split_qk, num_warps=prep_num_warps, **pdl_kw,
+        LAZY=lazy, LP=LP, num_warps=prep_num_warps, **pdl_kw,
     )
     if finish:
         _verify_finish_kernel[(N, H)](
@@ -643,12 +617,13 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
             rb.stride(0), rb.stride(1), rb.stride(2),
             STEPS=steps, TP=TP, NC=NC, LAZY=lazy, SPLIT_W=stream == "gluon", num_warps=finish_num_warps, **pdl_kw)
     if stream == "gluon":
-        assert (finish or split_qk) and not lazy, "the Gluon stream takes the non-lazy form"
-        return G.launch_verify_stream_gluon(
+        assert finish and not lazy, "the Gluon stream takes the finished, non-lazy form"
+        from .mtp_verify_gluon import launch_verify_stream_gluon
+
+        return launch_verify_stream_gluon(
             v, out, conv_weight=conv_weight, ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices,
             cu_seqlens=cu_seqlens, intermediate_conv=icw, intermediate_rows=intermediate_rows, ring_rawv=rv,
-            ws=ws, N=N, T=T, H=H, steps=steps, TP=TP, act_bf16=act_bf16, gate=gate, launch=gluon_launch,
-            **(dict(wp=wp, wss=wss, ring_beta=rb, scale=scale) if split_qk else dict(pp=pp)))
+            ws=ws, pp=pp, N=N, T=T, H=H, steps=steps, TP=TP, act_bf16=act_bf16, gate=gate, pdl_kwargs=pdl_kw)
     if gate is not None:
         og, onw, eps, counters = gate
         gate_args = (og, onw, counters, eps, og.stride(1), og.stride(2))

@@ -1,39 +1,29 @@
 """Hopper (sm_90) streaming kernel of the chunked ring-mode verify, in Gluon: warp-specialised,
 state streamed by TMA, state product on tensor cores (wgmma).
 
-It replaces the Triton streaming kernel of :mod:`.mtp_verify_chunked` (``impl="gluon"``) and
-computes one (request, head) per work item, in one of two forms (:attr:`GluonLaunch.coupling`):
-
-* ``"finish-kernel"``: after the prep and finish kernels, the finished form
-  ``O^T = S0 W^T + V^T P^T`` with ``W`` / ``P`` from the finish kernel's workspace;
-* ``"in-kernel"``: after the prep kernel alone, ``O^T = S0 Qg^T diag(rq) + (V^T - S0 Kg^T diag(rk)) P^T``
-  with the window coupling ``P`` and the norms ``rq`` / ``rk`` computed inside this kernel by a
-  third partition from the prep's partial sums (no finish launch, and its ``T x T`` algebra runs
-  beside the state stream instead of before it).
+It replaces the Triton streaming kernel of :mod:`.mtp_verify_chunked` after the prep and finish
+kernels (``impl="gluon"``), so it computes the finished form ``O^T = S0 W^T + V^T P^T`` of one
+(request, head) per work item, with ``W`` / ``P`` from the finish kernel's workspace.
 
 Structure (one persistent CTA per ``ctas_per_sm`` x SMs, looping over (request, head) items):
 
-* a **producer** warp streams each item's state ``S0 [128 (V), 128 (K)]`` fp32 as four
-  ``[128, BK]`` K-chunks by TMA into a ring of ``STAGES`` shared-memory buffers, with the
-  matching chunk of the window operand (``[W_hi; W_lo]``, ``2 TP`` rows; in-kernel coupling
-  ``[Qg_hi; Kg_hi; Qg_lo; Kg_lo]``, ``4 TP`` rows); it runs up to ``STAGES`` chunks ahead of the
-  math, across items;
-* (in-kernel coupling) an **algebra** warp computes each item's ``P^T``, ``rq`` and ``rk`` from the
-  prep's per-chunk pair sums, sums of squares and the beta ring (``_window_coupling``'s algebra)
-  into a two-deep shared-memory ring, up to two items ahead of the math;
+* a **producer** warp streams each item's state ``S0 [128 (V), 128 (K)]`` fp32 as ``[128, BK]``
+  K-chunks by TMA into a ring of ``STAGES`` shared-memory buffers, with the matching
+  ``[2 TP, BK]`` chunk of the window operand (``W`` hi and lo rows); it runs up to ``STAGES``
+  chunks ahead of the math, across items;
 * the **consumer** warpgroup (4 warps, the default partition) takes each chunk into
   ``acc [128, TP] += S0_c W_c^T`` with three tf32 wgmmas (``hi*hi + hi*lo + lo*hi``: the state's low
-  part from registers, about fp32 accuracy, like the Triton kernels' ``tf32x3``; in-kernel
-  coupling: two accumulators, ``S0 Qg^T`` and ``S0 Kg^T``), releases the buffer, then runs the
-  item's epilogue: v conv + SiLU per token (rolling window, one V channel per thread), the
-  intermediate conv windows, the rawv ring, ``o += z_s P[:, s]`` in fp32 FMAs (``z_s = yv_s``, or
-  ``yv_s - (S0 Kg^T)[:, s] rk_s``), and the output store; with the output gate, K3's gated RMS
-  norm over the head's 128 channels, which this CTA holds whole (no cross-program counter).
+  part from registers, about fp32 accuracy, like the Triton kernels' ``tf32x3``), releases the
+  buffer, then runs the item's epilogue: v conv + SiLU per token (rolling window, one V channel
+  per thread), the intermediate conv windows, the rawv ring, ``o += yv P[:, s]`` in fp32 FMAs,
+  and the output store; with the output gate, K3's gated RMS norm over the head's 128 channels,
+  which this CTA holds whole (no cross-program counter). Its global loads are software-pipelined:
+  an item's epilogue operands are loaded one item ahead and its indices two ahead, so that no
+  load's latency lands between two items' math.
 
-The window operands come split into their tf32 part and the rest: the finish kernel's ``SPLIT_W``
-(``ws[n, h, 0]`` = tf32 truncation of ``W``, ``ws[n, h, 1]`` = the rest, over the Kg rows the
-finished form does not use) or the prep kernel's ``SPLIT_QK`` (``ws[n, h]`` = ``[Qg_hi; Kg_hi;
-Qg_lo; Kg_lo]``). Conv and rounding call ``common.py``'s helpers; the gate follows ``common._gated_rms_norm``'s order.
+The finish kernel leaves ``W`` split for it (``SPLIT_W``): ``ws[n, h, 0]`` = tf32 truncation of
+``W``, ``ws[n, h, 1]`` = the rest (the Kg rows there are unused by the finished non-lazy form).
+Conv and rounding call ``common.py``'s helpers; the gate follows ``common._gated_rms_norm``'s order.
 
 Requires: Triton with Gluon (``triton.experimental.gluon``), an sm_90 GPU, the state pool's
 slots contiguous (``[slots, H, 128, 128]`` with slot stride ``H * 128 * 128``). The wrapper
@@ -57,12 +47,11 @@ try:  # Gluon ships with Triton >= 3.4; without it this path is simply unavailab
     HAVE_GLUON = True
     # the elementwise helpers of the Triton kernels, called from Gluon: the same operations in the
     # same order, so conv outputs and roundings are the Triton kernels' bytes
-    from .common import _conv_silu, _round_act, _tf32_part
+    from .common import _conv_silu, _pdl_enter, _round_act, _tf32_part
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
 
 KD = 128  # head dim (K and V)
-COUPLINGS = ("finish-kernel", "in-kernel")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,33 +59,19 @@ class GluonLaunch:
     """Launch options of the Gluon stream (:data:`LAUNCH` holds the ones in use; sweeps and tests
     replace it).
 
-    ``coupling``: where the window's ``T x T`` coupling is computed (module docstring);
     ``block_k`` / ``stages``: ``stages`` state chunks of ``[128, block_k]`` fp32 in flight per CTA;
-    ``ctas_per_sm``: persistent CTAs per SM; ``maxnreg``: registers per thread at launch (128: two
-    CTAs of 8 warps fit an SM's register file; the math warpgroup raises itself to what the worker
-    warps leave, e.g. 232 with one 24-register TMA warp); ``producer_regs``: registers of the TMA
-    warp; ``worker_regs``: of the TMA and algebra warps under the in-kernel coupling (they share a
-    warpgroup, so one count: the math warpgroup keeps ``2 * maxnreg - worker_regs``, 224 at 32);
-    ``prefetch``: load each item's epilogue operands one item ahead (and its indices two ahead)
-    instead of at the item's start; ``max_ctas``: a cap on the grid (tests: many items per CTA on a
-    small batch)."""
+    ``ctas_per_sm``: persistent CTAs per SM; ``maxnreg``: registers per thread at launch (the math
+    warpgroup raises itself to what the TMA warp leaves: 232 with a 24-register TMA warp);
+    ``producer_regs``: registers of the TMA warp; ``max_ctas``: a cap on the grid (tests: many items
+    per CTA on a small batch). The defaults are the fastest launch measured at 8-token windows
+    (docs/benchmarks.md)."""
 
-    coupling: str = "finish-kernel"
-    block_k: int = 32
-    stages: int = 4
+    block_k: int = 64
+    stages: int = 2
     ctas_per_sm: int = 2
     maxnreg: int = 128
     producer_regs: int = 24
-    worker_regs: int = 32
-    prefetch: bool = False
     max_ctas: Optional[int] = None
-
-    def __post_init__(self):
-        if self.coupling not in COUPLINGS:
-            from . import validation as V
-
-            raise V.dspark_error(V.E_IMPL, "GluonLaunch.coupling", expected='"finish-kernel" or "in-kernel"',
-                                 got=repr(self.coupling), fix='leave the default ("finish-kernel")')
 
 
 LAUNCH = GluonLaunch()
@@ -130,22 +105,18 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _producer(s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items,
-                  WROWS: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, PREFETCH: gl.constexpr):
-        """The TMA warp: every live item's four state chunks and window-operand chunks (``WROWS``
-        rows each), in order."""
+                  TP: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
+        """The TMA warp: every live item's state chunks and window-operand chunks, in order."""
         pid = gl.program_id(0)
         nprog = gl.num_programs(0)
         it = 0
-        if PREFETCH:
-            N = n_items // H
-            slot_next = gl.load(slot_ptr + pid // H)
+        N = n_items // H
+        slot_next = gl.load(slot_ptr + pid // H)
         for item in range(pid, n_items, nprog):
             h = item % H
-            if PREFETCH:  # the next item's slot now, so that its TMA issue does not wait for it
-                slot = slot_next
-                slot_next = gl.load(slot_ptr + gl.minimum((item + nprog) // H, N - 1))
-            else:
-                slot = gl.load(slot_ptr + item // H)
+            # the next item's slot now, so that its TMA issue does not wait for it
+            slot = slot_next
+            slot_next = gl.load(slot_ptr + gl.minimum((item + nprog) // H, N - 1))
             if slot >= 0:
                 for c in gl.static_range(_KD // BK):
                     s = it % STAGES
@@ -153,83 +124,9 @@ if HAVE_GLUON:
                     mbarrier.expect(ready.index(s), s_desc.block_type.nbytes + w_desc.block_type.nbytes)
                     tma.async_copy_global_to_shared(s_desc, [(slot * H + h) * _KD, c * BK], ready.index(s),
                                                     s_bufs.index(s))
-                    tma.async_copy_global_to_shared(w_desc, [item * WROWS, c * BK], ready.index(s),
+                    tma.async_copy_global_to_shared(w_desc, [item * (2 * TP), c * BK], ready.index(s),
                                                     w_bufs.index(s))
                     it += 1
-
-    @gluon.jit
-    def _window_algebra(alg_ring, alg_ready, alg_empty, slot_ptr, cu_ptr, rb_ptr, wp_ptr, wss_ptr, scale,
-                        H, n_items, s_rb_slot, s_rb_h, s_rb_t,
-                        STEPS: gl.constexpr, TP: gl.constexpr, NC: gl.constexpr, COUPLE: gl.constexpr):
-        """The algebra warp (in-kernel coupling): for every live item, in the math warpgroup's
-        order, the window coupling from the prep's ``NC`` chunk partials (added in chunk order)
-        and the window's betas, as ``_window_coupling`` computes it: ``rq`` (times ``scale``) and
-        ``rk`` from the fp64 sums of squares, ``Nm = diag(beta) A`` and ``Mm = M`` normalised,
-        ``X = (I + Nm)^-1`` by forward substitution, ``P = Mm X diag(beta)``. Ring entry ``b`` of
-        ``alg_ring [2, 2 TP, TP]``: rows ``0..TP`` ``P^T`` (row s = ``P[:, s]``), row ``TP`` ``rq``,
-        row ``TP + 1`` ``rk``. Without ``COUPLE`` (finish-kernel form) it returns at once."""
-        if not COUPLE:
-            return
-        L: gl.constexpr = gl.BlockedLayout(size_per_thread=[TP // 4, TP // 8], threads_per_warp=[4, 8],
-                                           warps_per_cta=[1, 1], order=[1, 0])
-        rowL: gl.constexpr = gl.SliceLayout(1, L)
-        colL: gl.constexpr = gl.SliceLayout(0, L)
-        r = gl.arange(0, TP, layout=rowL)
-        c = gl.arange(0, TP, layout=colL)
-        tt = r[:, None] * TP + c[None, :]
-        lower = r[:, None] > c[None, :]
-        causal = r[:, None] >= c[None, :]
-        pid = gl.program_id(0)
-        nprog = gl.num_programs(0)
-        j = 0
-        for item in range(pid, n_items, nprog):
-            n = item // H
-            h = item % H
-            slot = gl.load(slot_ptr + n).to(gl.int64)
-            if slot >= 0:
-                bos = gl.load(cu_ptr + n)
-                n_tok = gl.minimum(gl.load(cu_ptr + n + 1) - bos, STEPS)
-                A_raw = gl.zeros([TP, TP], gl.float32, L)
-                M_raw = gl.zeros([TP, TP], gl.float32, L)
-                ssq_q = gl.zeros([TP], gl.float64, rowL)
-                ssq_k = gl.zeros([TP], gl.float64, rowL)
-                ssq_kc = gl.zeros([TP], gl.float64, colL)
-                for ci in gl.static_range(NC):
-                    nhc = item.to(gl.int64) * NC + ci
-                    A_raw += gl.load(wp_ptr + nhc * (2 * TP * TP) + tt)
-                    M_raw += gl.load(wp_ptr + nhc * (2 * TP * TP) + TP * TP + tt)
-                    ssq_q += gl.load(wss_ptr + nhc * (2 * TP) + r)
-                    ssq_k += gl.load(wss_ptr + nhc * (2 * TP) + TP + r)
-                    ssq_kc += gl.load(wss_ptr + nhc * (2 * TP) + TP + c)
-                rb = rb_ptr + slot * s_rb_slot + h.to(gl.int64) * s_rb_h
-                beta = gl.load(rb + r * s_rb_t, mask=r < n_tok, other=0.0)
-                rq = gl.rsqrt((ssq_q + 1e-6).to(gl.float32)) * scale
-                rk = gl.rsqrt((ssq_k + 1e-6).to(gl.float32))
-                rk_c = gl.rsqrt((ssq_kc + 1e-6).to(gl.float32))
-                Nm = gl.where(lower, A_raw * rk[:, None] * rk_c[None, :] * beta[:, None], 0.0)
-                Mm = gl.where(causal, M_raw * rq[:, None] * rk_c[None, :], 0.0)
-                # X = (I + Nm)^-1: row t = e_t - sum_{s<t} Nm[t, s] row s
-                X = gl.where(r[:, None] == c[None, :], 1.0, 0.0)
-                for t in range(1, TP):  # dynamic loops: this warp's registers are few
-                    n_t = gl.convert_layout(gl.sum(gl.where(r[:, None] == t, Nm, 0.0), axis=0), rowL)
-                    X = gl.where(r[:, None] == t, X - gl.sum(n_t[:, None] * X, axis=0)[None, :], X)
-                # P^T[s, t] = beta_s sum_k X[k, s] Mm[t, k]
-                PT = gl.zeros([TP, TP], gl.float32, L)
-                for k in range(TP):
-                    x_k = gl.convert_layout(gl.sum(gl.where(r[:, None] == k, X, 0.0), axis=0), rowL)
-                    m_k = gl.convert_layout(gl.sum(gl.where(c[None, :] == k, Mm, 0.0), axis=1), colL)
-                    PT += x_k[:, None] * m_k[None, :]
-                PT = PT * beta[:, None]
-                rq_c = gl.convert_layout(rq, colL)
-                norms = gl.where(r[:, None] == 0, rq_c[None, :], gl.where(r[:, None] == 1, rk_c[None, :], 0.0))
-                b = j % 2
-                mbarrier.wait(alg_empty.index(b), ((j // 2) & 1) ^ 1)
-                entry = alg_ring.index(b)
-                entry.slice(0, TP).store(PT)
-                entry.slice(TP, TP).store(norms)
-                _sync_warps()  # every lane's stores before the arrival
-                mbarrier.arrive(alg_ready.index(b), count=1)
-                j += 1
 
     @gluon.jit
     def _item_index(item, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS: gl.constexpr):
@@ -245,11 +142,10 @@ if HAVE_GLUON:
     @gluon.jit
     def _item_operands(item, slot, bos, n_tok, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
                        s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h,
-                       offs_v, offs_t, offs_pr, offs_pc, TP: gl.constexpr, GATE: gl.constexpr,
-                       COUPLE: gl.constexpr):
+                       offs_v, offs_t, offs_pr, offs_pc, TP: gl.constexpr, GATE: gl.constexpr):
         """Every global load of an item's epilogue: the v conv window ``c0..c2`` and weights
         ``w0..w3`` of its head's V channels, its tokens' v (fp32 bits) and gate rows ``[V, TP]``,
-        and (finish-kernel form) ``P^T``. Masked to zeros where the item has no slot (padding, past the last item).
+        and ``P^T``. Masked to zeros where the item has no slot (padding, past the last item).
         The offsets are the consumer's (its epilogue rows' V channels and tokens, its ``P`` tile's
         rows and columns), so the loads land in its layouts."""
         has = slot >= 0
@@ -270,11 +166,8 @@ if HAVE_GLUON:
         tok_rows = (bos + offs_t).to(gl.int64)[None, :]
         xt = gl.load(v_ptr + tok_rows * s_v_t + h64 * s_v_h + offs_v[:, None], mask=live[None, :],
                      other=0.0).to(gl.float32).to(gl.int32, bitcast=True)  # [V, t], fp32 bits
-        if COUPLE:  # P comes from the algebra warp
-            pt = gl.where(offs_pr[:, None] == offs_pc[None, :], 0.0, 0.0)  # unused zeros
-        else:
-            pt = gl.load(pp_ptr + item.to(gl.int64) * (TP * TP) + offs_pc[None, :] * TP + offs_pr[:, None],
-                         mask=(offs_pr[:, None] < TP) & has, other=0.0)
+        pt = gl.load(pp_ptr + item.to(gl.int64) * (TP * TP) + offs_pc[None, :] * TP + offs_pr[:, None],
+                     mask=(offs_pr[:, None] < TP) & has, other=0.0)
         if GATE:
             gate = gl.load(og_ptr + tok_rows * s_og_t + h64 * s_og_h + offs_v[:, None], mask=live[None, :],
                            other=0.0).to(gl.float32)
@@ -283,14 +176,14 @@ if HAVE_GLUON:
         return c0, c1, c2, w0, w1, w2, w3, xt, pt, gate
 
     @gluon.jit
-    def _consumer(s_bufs, w_bufs, p_smem, ready, empty, alg_ring, alg_ready, alg_empty,
+    def _consumer(s_bufs, w_bufs, p_smem, ready, empty,
                   v_ptr, out_ptr, cw_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, pp_ptr,
                   og_ptr, onw_ptr, onorm_eps,
                   N, T, H, n_items,
                   s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
                   s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
                   STEPS: gl.constexpr, TP: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                  ACT_BF16: gl.constexpr, GATE: gl.constexpr, PREFETCH: gl.constexpr, COUPLE: gl.constexpr):
+                  ACT_BF16: gl.constexpr, GATE: gl.constexpr):
         """The math warpgroup: state product per chunk, then the item's epilogue."""
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, TP, 8])
@@ -316,32 +209,27 @@ if HAVE_GLUON:
         pid = gl.program_id(0)
         nprog = gl.num_programs(0)
         it = 0
-        j = 0  # live items: the algebra ring's position
-        if PREFETCH:
-            # Software pipeline: an item's epilogue operands are loaded one item ahead and its
-            # indices two ahead, so that no load's latency lands between two items' math.
-            slot_a, bos_a, ntok_a, row_a = _item_index(pid, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS)
-            c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a = _item_operands(
-                pid, slot_a, bos_a, ntok_a, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
-                s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h,
-                offs_v, offs_t, offs_pr, offs_pc, TP, GATE, COUPLE)
-            slot_b, bos_b, ntok_b, row_b = _item_index(pid + nprog, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS)
+        # Software pipeline: an item's epilogue operands are loaded one item ahead and its indices
+        # two ahead, so that no load's latency lands between two items' math.
+        slot_a, bos_a, ntok_a, row_a = _item_index(pid, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS)
+        c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a = _item_operands(
+            pid, slot_a, bos_a, ntok_a, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
+            s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h,
+            offs_v, offs_t, offs_pr, offs_pc, TP, GATE)
+        slot_b, bos_b, ntok_b, row_b = _item_index(pid + nprog, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS)
         for item in range(pid, n_items, nprog):
             n = item // H
             h = item % H
             h64 = h.to(gl.int64)
-            if PREFETCH:
-                slot, bos, n_tok, row = slot_a, bos_a, ntok_a, row_a
-                c0, c1, c2, w0, w1, w2, w3, xt, pt, gate = c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a
-                c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a = _item_operands(
-                    item + nprog, slot_b, bos_b, ntok_b, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
-                    s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h,
-                    offs_v, offs_t, offs_pr, offs_pc, TP, GATE, COUPLE)
-                slot_a, bos_a, ntok_a, row_a = slot_b, bos_b, ntok_b, row_b
-                slot_b, bos_b, ntok_b, row_b = _item_index(item + 2 * nprog, slot_ptr, cu_ptr, irow_ptr, N, H,
-                                                           n_items, STEPS)
-            else:
-                slot, bos, n_tok, row = _item_index(item, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS)
+            slot, bos, n_tok, row = slot_a, bos_a, ntok_a, row_a
+            c0, c1, c2, w0, w1, w2, w3, xt, pt, gate = c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a
+            c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a = _item_operands(
+                item + nprog, slot_b, bos_b, ntok_b, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
+                s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h,
+                offs_v, offs_t, offs_pr, offs_pc, TP, GATE)
+            slot_a, bos_a, ntok_a, row_a = slot_b, bos_b, ntok_b, row_b
+            slot_b, bos_b, ntok_b, row_b = _item_index(item + 2 * nprog, slot_ptr, cu_ptr, irow_ptr, N, H,
+                                                       n_items, STEPS)
             # Output rows no request covers ([cu_seqlens[N], T)): zero the dense positions of block n
             # (head h's columns).
             p_d = n * STEPS + offs_t
@@ -355,19 +243,11 @@ if HAVE_GLUON:
                 # CUDA-graph padding: nothing read from the slot, zeros to out
                 gl.store(o_ptrs, gl.zeros([_KD, TP], gl.float32, rows).to(out_ty), mask=live[None, :])
             else:
-                if not PREFETCH:
-                    # every global load of the epilogue before the state arrives
-                    c0, c1, c2, w0, w1, w2, w3, xt, pt, gate = _item_operands(
-                        item, slot, bos, n_tok, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
-                        s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h,
-                        offs_v, offs_t, offs_pr, offs_pc, TP, GATE, COUPLE)
                 ch_v = 2 * H * _KD + h * _KD + offs_v
-                if not COUPLE:
-                    _sync_warps()  # the previous item's reads of p_smem are done
-                    p_smem.store(pt)  # P^T: row s = P[:, s]
+                _sync_warps()  # the previous item's reads of p_smem are done
+                p_smem.store(pt)  # P^T: row s = P[:, s]
 
-                acc = gl.zeros([_KD, TP], gl.float32, mma)  # S0 W^T, or S0 Qg^T
-                acc_k = gl.zeros([_KD, TP], gl.float32, mma)  # S0 Kg^T (in-kernel coupling)
+                acc = gl.zeros([_KD, TP], gl.float32, mma)  # S0 W^T
                 for c in gl.static_range(_KD // BK):
                     s = it % STAGES
                     mbarrier.wait(ready.index(s), (it // STAGES) & 1)
@@ -376,37 +256,17 @@ if HAVE_GLUON:
                     s_reg = s_smem.load(a_reg)
                     s_lo = s_reg - _tf32_part(s_reg)
                     # chained async wgmmas, one wait: then the buffer goes back to the TMA warp
-                    if COUPLE:  # rows [Qg_hi; Kg_hi; Qg_lo; Kg_lo]
-                        q_hi = w_smem.slice(0, TP).permute((1, 0))
-                        k_hi = w_smem.slice(TP, TP).permute((1, 0))
-                        acc = warpgroup_mma(s_smem, q_hi, acc, is_async=True)
-                        acc_k = warpgroup_mma(s_smem, k_hi, acc_k, is_async=True)
-                        acc = warpgroup_mma(s_smem, w_smem.slice(2 * TP, TP).permute((1, 0)), acc, is_async=True)
-                        acc_k = warpgroup_mma(s_smem, w_smem.slice(3 * TP, TP).permute((1, 0)), acc_k, is_async=True)
-                        acc = warpgroup_mma(s_lo, q_hi, acc, is_async=True)
-                        acc_k = warpgroup_mma(s_lo, k_hi, acc_k, is_async=True)
-                        acc, acc_k, s_lo = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_k, s_lo))
-                    else:  # rows [W_hi; W_lo]
-                        w_hi = w_smem.slice(0, TP).permute((1, 0))
-                        acc = warpgroup_mma(s_smem, w_hi, acc, is_async=True)
-                        acc = warpgroup_mma(s_smem, w_smem.slice(TP, TP).permute((1, 0)), acc, is_async=True)
-                        acc = warpgroup_mma(s_lo, w_hi, acc, is_async=True)
-                        acc, s_lo = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s_lo))
+                    w_hi = w_smem.slice(0, TP).permute((1, 0))
+                    acc = warpgroup_mma(s_smem, w_hi, acc, is_async=True)
+                    acc = warpgroup_mma(s_smem, w_smem.slice(TP, TP).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma(s_lo, w_hi, acc, is_async=True)
+                    acc, s_lo = warpgroup_mma_wait(num_outstanding=0, deps=(acc, s_lo))
                     mbarrier.arrive(empty.index(s), count=1)
                     it += 1
 
-                # o [V, t] = (S0 W^T)[V, t] + sum_s z_s[V] P[t, s], z_s = yv_s; in-kernel coupling:
-                # o = (S0 Qg^T)[V, t] rq_t + sum_s z_s[V] P[t, s], z_s = yv_s - (S0 Kg^T)[V, s] rk_s
-                if COUPLE:
-                    b = j % 2
-                    mbarrier.wait(alg_ready.index(b), (j // 2) & 1)
-                    pmat = alg_ring.index(b)
-                    o = gl.convert_layout(acc, rows) * pmat.slice(TP, 1).load(rows)
-                    yk = gl.convert_layout(acc_k, rows) * pmat.slice(TP + 1, 1).load(rows)
-                else:
-                    _sync_warps()  # p_smem written by every thread
-                    pmat = p_smem
-                    o = gl.convert_layout(acc, rows)
+                # o [V, t] = (S0 W^T)[V, t] + sum_s yv_s[V] P[t, s]
+                _sync_warps()  # p_smem written by every thread
+                o = gl.convert_layout(acc, rows)
                 icw_row = icw_ptr + row * s_icw_row + ch_v
                 for sx in gl.static_range(STEPS):
                     on = sx < n_tok
@@ -423,16 +283,8 @@ if HAVE_GLUON:
                     gl.store(ic + 2 * s_icw_win, c2.to(icw_ty), mask=m_on)
                     gl.store(rv_ptr + slot * s_rv_slot + h64 * s_rv_h + sx * s_rv_t + offs_v, yv.to(rv_ty),
                              mask=m_on)
-                    if COUPLE:
-                        z = yv - gl.sum(gl.where(offs_t[None, :] == sx, yk, 0.0), axis=1)
-                    else:
-                        z = yv
-                    p_col = pmat.slice(sx, 1).load(rows)  # [1, TP]: P[:, sx]
-                    o = o + gl.where(on, z, 0.0)[:, None] * p_col
-                if COUPLE:
-                    _sync_warps()  # every thread's reads of the ring entry before its release
-                    mbarrier.arrive(alg_empty.index(b), count=1)
-                    j += 1
+                    p_col = p_smem.slice(sx, 1).load(rows)  # [1, TP]: P[:, sx]
+                    o = o + gl.where(on, yv, 0.0)[:, None] * p_col
                 o = _round_act(o, ACT_BF16)
                 if GATE:
                     # K3's gated RMS norm per token over the head's 128 channels (common._gated_rms_norm)
@@ -445,74 +297,56 @@ if HAVE_GLUON:
     def _verify_stream_gluon_kernel(
         s_desc, w_desc,
         v_ptr, out_ptr, cw_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, pp_ptr,
-        og_ptr, onw_ptr, onorm_eps, rb_ptr, wp_ptr, wss_ptr, scale,
+        og_ptr, onw_ptr, onorm_eps,
         N, T, H, n_items,
         s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
-        s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h, s_rb_slot, s_rb_h, s_rb_t,
+        s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
         STEPS: gl.constexpr, TP: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-        ACT_BF16: gl.constexpr, GATE: gl.constexpr, PRODUCER_REGS: gl.constexpr, PREFETCH: gl.constexpr,
-        COUPLE: gl.constexpr, NC: gl.constexpr, WORKER_REGS: gl.constexpr,
+        ACT_BF16: gl.constexpr, GATE: gl.constexpr, PRODUCER_REGS: gl.constexpr, USE_PDL: gl.constexpr = False,
     ):
-        WROWS: gl.constexpr = 4 * TP if COUPLE else 2 * TP  # window operand rows per item
+        _pdl_enter(USE_PDL)  # before any partition touches memory
         s_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, _KD, BK], s_desc.layout)
-        w_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, WROWS, BK], w_desc.layout)
-        flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-        p_smem = gl.allocate_shared_memory(gl.float32, [TP, TP], flat)  # finish-kernel form
-        alg_ring = gl.allocate_shared_memory(gl.float32, [2, 2 * TP, TP], flat)  # in-kernel coupling
+        w_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * TP, BK], w_desc.layout)
+        p_smem = gl.allocate_shared_memory(gl.float32, [TP, TP],
+                                           gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        alg_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        alg_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        for i in gl.static_range(2):
-            mbarrier.init(alg_ready.index(i), count=1)
-            mbarrier.init(alg_empty.index(i), count=1)
-        # the algebra warp has nothing to do in the finish-kernel form (it returns at once); the TMA
-        # and algebra warps share a warpgroup, hence one register count
-        WREGS: gl.constexpr = WORKER_REGS if COUPLE else PRODUCER_REGS
         gl.warp_specialize([
-            (_consumer, (s_bufs, w_bufs, p_smem, ready, empty, alg_ring, alg_ready, alg_empty,
+            (_consumer, (s_bufs, w_bufs, p_smem, ready, empty,
                          v_ptr, out_ptr, cw_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, pp_ptr,
                          og_ptr, onw_ptr, onorm_eps,
                          N, T, H, n_items,
                          s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
                          s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
-                         STEPS, TP, BK, STAGES, ACT_BF16, GATE, PREFETCH, COUPLE)),
-            (_producer, (s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items, WROWS, BK, STAGES,
-                         PREFETCH)),
-            (_window_algebra, (alg_ring, alg_ready, alg_empty, slot_ptr, cu_ptr, rb_ptr, wp_ptr, wss_ptr,
-                               scale, H, n_items, s_rb_slot, s_rb_h, s_rb_t, STEPS, TP, NC, COUPLE)),
-        ], [1, 1], [WREGS, WREGS])
+                         STEPS, TP, BK, STAGES, ACT_BF16, GATE)),
+            (_producer, (s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items, TP, BK, STAGES)),
+        ], [1], [PRODUCER_REGS])
 
 
 def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens,
-                               intermediate_conv, intermediate_rows, ring_rawv, ws, N, T, H, steps, TP, act_bf16,
-                               pp=None, ring_beta=None, wp=None, wss=None, scale=None, gate=None,
-                               launch: Optional[GluonLaunch] = None):
-    """Launch the Gluon streaming kernel after the prep kernel and, for the ``"finish-kernel"``
-    coupling, the finish kernel (``launch.coupling``; ``launch`` defaults to :data:`LAUNCH`).
+                               intermediate_conv, intermediate_rows, ring_rawv, ws, pp, N, T, H, steps, TP,
+                               act_bf16, gate=None, launch: Optional[GluonLaunch] = None,
+                               pdl_kwargs: Optional[dict] = None):
+    """Launch the Gluon streaming kernel after the prep and (``SPLIT_W``) finish kernels.
 
-    ``ws``: the chunked verify's workspace, fp32, per (request, head): finish-kernel coupling
-    ``[N, H, 2, TP, 128]`` ``[W_hi ; W_lo]`` (finish kernel, ``SPLIT_W``), in-kernel coupling
-    ``[N, H, 4, TP, 128]`` ``[Qg_hi ; Kg_hi ; Qg_lo ; Kg_lo]`` (prep kernel, ``SPLIT_QK``).
-    Finish-kernel coupling: ``pp`` ``[N, H, TP, TP]`` fp32, the window coupling ``P``. In-kernel
-    coupling: the prep's pair sums ``wp`` ``[N, H, NC, 2, TP, TP]`` fp32 and sums of squares
-    ``wss`` ``[N, H, NC, 2, TP]`` fp64, the beta ring ``ring_beta`` (its window rows written by
-    the prep) and the query ``scale``. The other arguments are :func:`.mtp_verify.mtp_verify`'s,
-    validated. ``gate``: ``(output_gate, weight, eps, counters)`` or None (the counters are not
-    needed: one CTA holds a whole head)."""
+    ``ws``: the chunked verify's workspace ``[N, H, 2, TP, 128]`` fp32 with ``[W_hi ; W_lo]``
+    per (request, head); ``pp``: ``[N, H, TP, TP]`` fp32 window coupling ``P``. The other
+    arguments are :func:`.mtp_verify.mtp_verify`'s, validated. ``gate``: ``(output_gate, weight,
+    eps, counters)`` or None (the counters are not needed: one CTA holds a whole head).
+    ``launch``: the launch options (default :data:`LAUNCH`); ``pdl_kwargs``:
+    ``launch_config.pdl_kwargs(device)``, the programmatic dependent launch the chunked verify's
+    other kernels take."""
     cfg = launch or LAUNCH
-    couple = cfg.coupling == "in-kernel"
     block_k = cfg.block_k
     KD_ = KD
-    wrows = (4 if couple else 2) * TP
     slots = ssm_state.shape[0]
     s_layout = gl.NVMMASharedLayout.get_default_for([KD_, block_k], gl.float32)
-    w_layout = gl.NVMMASharedLayout.get_default_for([wrows, block_k], gl.float32)
+    w_layout = gl.NVMMASharedLayout.get_default_for([2 * TP, block_k], gl.float32)
     s_desc = TensorDescriptor(ssm_state, [slots * H * KD_, KD_], [KD_, 1], [KD_, block_k], s_layout)
-    w_desc = TensorDescriptor(ws, [N * H * wrows, KD_], [KD_, 1], [wrows, block_k], w_layout)
+    w_desc = TensorDescriptor(ws, [N * H * 2 * TP, KD_], [KD_, 1], [2 * TP, block_k], w_layout)
     if gate is not None:
         og, onw, eps, _ = gate
         gate_args = (og, onw, eps)
@@ -520,17 +354,6 @@ def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, sl
     else:
         gate_args = (out, out, 0.0)  # placeholders, never touched
         g_strides = (0, 0)
-    if couple:
-        assert ws.shape[2] == 4 and wp is not None and wss is not None and ring_beta is not None, \
-            "the in-kernel coupling takes the prep's split workspace, pair sums, sums of squares and beta ring"
-        rb, NC = ring_beta, wp.shape[2]
-        coupling_args = (rb, wp, wss, float(scale))
-        rb_strides = (rb.stride(0), rb.stride(1), rb.stride(2))
-    else:
-        assert ws.shape[2] == 2 and pp is not None, "the finish-kernel coupling takes the finish kernel's W and P"
-        NC = 1
-        coupling_args = (out, out, out, 0.0)  # placeholders, never touched
-        rb_strides = (0, 0, 0)
     n_items = N * H
     ctas = cfg.ctas_per_sm * _sm_count(v.device.index or 0)
     grid = (max(1, min(n_items, ctas, cfg.max_ctas or ctas)),)
@@ -538,16 +361,13 @@ def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, sl
     rv = ring_rawv
     _verify_stream_gluon_kernel[grid](
         s_desc, w_desc,
-        v, out, conv_weight, conv_state, slot_indices, cu_seqlens, icw, intermediate_rows, rv,
-        out if pp is None else pp,
-        *gate_args, *coupling_args,
+        v, out, conv_weight, conv_state, slot_indices, cu_seqlens, icw, intermediate_rows, rv, pp,
+        *gate_args,
         N, T, H, n_items,
         v.stride(1), v.stride(2), out.stride(1), out.stride(2), conv_weight.stride(0),
         conv_state.stride(0), conv_state.stride(1),
         icw.stride(0), icw.stride(1), icw.stride(2), rv.stride(0), rv.stride(1), rv.stride(2), *g_strides,
-        *rb_strides,
         STEPS=steps, TP=TP, BK=block_k, STAGES=cfg.stages, ACT_BF16=act_bf16, GATE=gate is not None,
-        PRODUCER_REGS=cfg.producer_regs, PREFETCH=cfg.prefetch, COUPLE=couple, NC=NC,
-        WORKER_REGS=cfg.worker_regs, num_warps=4, maxnreg=cfg.maxnreg,
+        PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg, **(pdl_kwargs or {}),
     )
     return out

@@ -1,9 +1,8 @@
 """The Hopper Gluon verify stream (``impl="gluon"``, kernels/mtp_verify_gluon.py) against the float64
 reference: outputs, conv windows and rings, CUDA-graph padding, short requests, windows of 2-16
-tokens, and that it writes nothing else, for both couplings (the finish kernel's, and the one the
-kernel computes itself). Runs on sm_90 GPUs only; on any device: the refusal, and the path around
-the kernel (plan, prep, the finish kernel's split W or the prep's split q/k, the workspace it reads)
-with the stream modelled in torch."""
+tokens, and that it writes nothing else. Runs on sm_90 GPUs only; on any device: the refusal, and
+the path around the kernel (plan, prep, the finish kernel's split W, the workspace it reads) with
+the stream modelled in torch."""
 
 import dataclasses
 import importlib
@@ -40,12 +39,10 @@ def _launch_with(monkeypatch, **kw):
     monkeypatch.setattr(G, "LAUNCH", dataclasses.replace(G.LAUNCH, **kw))
 
 
-# The launches tested, for each coupling: the default, and the software-pipelined epilogue loads on
-# two CTAs, so that each CTA walks several items (a padding row among them) and prefetches past the
-# last one (and, in-kernel, the algebra warp's two-deep ring wraps many times).
-LAUNCHES = {"default": {}, "prefetch-2ctas": dict(prefetch=True, max_ctas=2),
-            "in-kernel": dict(coupling="in-kernel"),
-            "in-kernel-prefetch-2ctas": dict(coupling="in-kernel", prefetch=True, max_ctas=2)}
+# The launches tested: the default; on two CTAs, so that each CTA walks several items (a padding row
+# among them), its pipelined loads run past the last one and the state ring wraps; and the other
+# K-chunking (4 stages of 32 columns), also on two CTAs.
+LAUNCHES = {"default": {}, "2ctas": dict(max_ctas=2), "k32-2ctas": dict(stages=4, block_k=32, max_ctas=2)}
 
 
 @pytest.mark.gpu
@@ -121,36 +118,15 @@ def test_gluon_refused_where_it_cannot_run():
 
 # --- the path around the Gluon kernel, on any device -----------------------------------------------
 
-def _coupling_f64(wp, wss, beta, scale):
-    """The window coupling from the prep's partials, in float64 with a dense inverse (the algebra
-    the Gluon kernel's algebra warp and the finish kernel do by forward substitution): ``P``,
-    ``rq`` (times ``scale``), ``rk``. ``wp [NC, 2, TP, TP]``, ``wss [NC, 2, TP]``, ``beta [TP]``."""
-    A, M = wp[:, 0].to(F64).sum(0), wp[:, 1].to(F64).sum(0)
-    rq = (wss[:, 0].sum(0) + 1e-6).rsqrt() * scale
-    rk = (wss[:, 1].sum(0) + 1e-6).rsqrt()
-    TP = A.shape[0]
-    Nm = torch.tril(A * rk[:, None] * rk[None, :] * beta[:, None], -1)
-    Mm = torch.tril(M * rq[:, None] * rk[None, :])
-    P = Mm @ torch.linalg.inv(torch.eye(TP, dtype=F64) + Nm) * beta[None, :]
-    return P, rq, rk
-
-
 def _torch_stream(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens, intermediate_conv,
-                  intermediate_rows, ring_rawv, ws, N, T, H, steps, TP, act_bf16, pp=None, ring_beta=None, wp=None,
-                  wss=None, scale=None, gate=None, launch=None):
-    """What the Gluon stream computes from the workspace, in float64: a model of the kernel beside
-    the real prep (and finish) kernels, so that the workspace contract is tested without sm_90.
-
-    Finish-kernel coupling: ``O^T = S0 W^T + V^T P^T``, ``W`` = the two halves the finish kernel
-    wrote, ``P`` its. In-kernel coupling: ``Qg`` / ``Kg`` = the prep's halves, ``P`` / ``rq`` / ``rk``
-    from its pair sums, sums of squares and the beta ring (:func:`_coupling_f64`), and
-    ``O^T = S0 Qg^T diag(rq) + (V^T - S0 Kg^T diag(rk)) P^T``. Also checks the split itself: the
-    first halves are tf32 parts (13 low mantissa bits clear)."""
-    couple = launch.coupling == "in-kernel"
-    assert ws.shape[2] == (4 if couple else 2) and (pp is None) == couple
+                  intermediate_rows, ring_rawv, ws, pp, N, T, H, steps, TP, act_bf16, gate=None, pdl_kwargs=None):
+    """What the Gluon stream computes from the prep and finish kernels' workspace, in float64
+    (``O^T = S0 W^T + V^T P^T``, W = the two halves the finish kernel wrote): a model of the kernel
+    beside the real prep / finish kernels, so that the workspace contract is tested without sm_90.
+    Also checks the split itself: the first half is W's tf32 part (13 low mantissa bits clear)."""
     live = slot_indices >= 0  # the workspace of padding requests is never written
-    hi = ws[live][:, :, :ws.shape[2] // 2]
-    assert not (hi.contiguous().view(torch.int32) & 0x1FFF).any(), "the first halves are not tf32-truncated"
+    hi = ws[live][:, :, 0]
+    assert not (hi.contiguous().view(torch.int32) & 0x1FFF).any(), "W's first half is not tf32-truncated"
     act = out.dtype
     out.zero_()
     cu = cu_seqlens.tolist()
@@ -161,25 +137,18 @@ def _torch_stream(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, c
         bos, n_tok = cu[n], min(cu[n + 1] - cu[n], steps)
         row = int(intermediate_rows[n])
         for h in range(H):
-            S0 = ssm_state[slot, h].to(F64)
-            if couple:
-                Qg, Kg = (ws[n, h, 0] + ws[n, h, 2]).to(F64), (ws[n, h, 1] + ws[n, h, 3]).to(F64)  # [TP, 128]
-                beta = torch.zeros(TP, dtype=F64)
-                beta[:n_tok] = ring_beta[slot, h, :n_tok].to(F64)
-                P, rq, rk = _coupling_f64(wp[n, h], wss[n, h], beta, scale)
-                o, yk = (S0 @ Qg.T) * rq[None, :], (S0 @ Kg.T) * rk[None, :]  # [V, TP]
-            else:
-                W = (ws[n, h, 0] + ws[n, h, 1]).to(F64)  # [TP, 128]
-                o, yk = S0 @ W.T, torch.zeros(128, TP, dtype=F64)
-                P = pp[n, h].reshape(TP, TP).to(F64)
+            W = (ws[n, h, 0] + ws[n, h, 1]).to(F64)  # [TP, 128]
+            acc = ssm_state[slot, h].to(F64) @ W.T  # [V, TP]
             ch = slice(2 * H * 128 + h * 128, 2 * H * 128 + (h + 1) * 128)
             window = conv_state[slot, :, ch].to(F64)
+            P = pp[n, h].reshape(TP, TP).to(F64)
+            o = acc.clone()
             for s in range(n_tok):
                 x = v[0, bos + s, h].to(F64)
                 y, window = R.conv_silu_step(window, x, conv_weight[ch].to(F64), act)
                 intermediate_conv[row, s, :, ch] = window.to(act)
                 ring_rawv[slot, h, s] = y.to(act)
-                o += (y - yk[:, s])[:, None] * P[:, s][None, :]
+                o += y[:, None] * P[:, s][None, :]
             rows_o = o[:, :n_tok].T.to(act).to(F64)  # [t, V], rounded as the kernel stores it
             if gate is not None:
                 og, onw, eps, _ = gate
@@ -188,29 +157,17 @@ def _torch_stream(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, c
     return out
 
 
-@pytest.mark.parametrize("coupling", ("finish-kernel", "in-kernel"))
 @pytest.mark.parametrize("num_spec", (1, 7))
-def test_gluon_path_workspace_contract(num_spec, coupling, monkeypatch):
-    """impl="gluon" end to end with the stream modelled in torch: the plan (8-row windows), the
-    prep and the finish kernel's split W (finish-kernel coupling) or the prep's split q/k and
-    partials with no finish launch (in-kernel), the workspace layout the Gluon kernel reads by TMA
-    (``[N*H*2*TP, 128]`` / ``[N*H*4*TP, 128]`` rows) and the rings / conv windows the prep writes:
-    outputs against the float64 reference."""
+def test_gluon_path_workspace_contract(num_spec, monkeypatch):
+    """impl="gluon" end to end with the stream modelled in torch: the plan (finish forced, 8-row
+    windows), the prep and the finish kernel's split W, the workspace layout the Gluon kernel reads
+    by TMA (``[N*H*2*TP, 128]`` rows, ``[N*H, TP, TP]`` P) and the rings / conv windows the prep
+    writes: outputs against the float64 reference."""
     MV = importlib.import_module("sglang_dspark_plugin.kernels.mtp_verify")  # the package exports the function
     MG = importlib.import_module("sglang_dspark_plugin.kernels.mtp_verify_gluon")
-    MC = importlib.import_module("sglang_dspark_plugin.kernels.mtp_verify_chunked")
 
     monkeypatch.setattr(MV, "gluon_verify_supported", lambda device: True)
     monkeypatch.setattr(MG, "launch_verify_stream_gluon", _torch_stream)
-    monkeypatch.setattr(MG, "LAUNCH", dataclasses.replace(MG.LAUNCH, coupling=coupling))
-    finish_launches, real_finish = [], MC._verify_finish_kernel
-
-    class _CountingFinish:  # the finish kernel runs for the finish-kernel coupling only
-        def __getitem__(self, grid):
-            finish_launches.append(grid)
-            return real_finish[grid]
-
-    monkeypatch.setattr(MC, "_verify_finish_kernel", _CountingFinish())
     dtype = torch.float32
     p = _scenario(num_spec, dtype, -5.0, seed=77 + num_spec, H=2, N=3)
     steps, lengths = p.steps, p.extra["lengths"]
@@ -218,7 +175,6 @@ def test_gluon_path_workspace_contract(num_spec, coupling, monkeypatch):
     out_r = R.mtp_verify_ref(*p.acts64(), intermediate_conv=icw_r, **rings_r, **p.ref_verify_kwargs())
     out, icw, rings = torch.full_like(p.q, float("nan")), p.new_icw(), p.new_rings(L=2 * steps)
     mtp_verify(*p.acts(), intermediate_conv=icw, out=out, **rings, **p.verify_kwargs(), impl="gluon")
-    assert len(finish_launches) == (coupling == "finish-kernel")
     assert rel_err(out, out_r) <= tol(dtype), rel_err(out, out_r)
     for slot, row, ln in zip(p.extra["slot_list"], p.extra["row_list"], lengths):
         if slot < 0:
@@ -226,13 +182,3 @@ def test_gluon_path_workspace_contract(num_spec, coupling, monkeypatch):
         assert torch.equal(icw[row, :ln].to(F64), icw_r[row, :ln])
         for name in rings:
             assert rel_err(rings[name][slot][:, :ln], rings_r[name][slot][:, :ln]) <= state_tol(dtype), name
-
-
-def test_gluon_launch_refuses_an_unknown_coupling():
-    """A launch option naming no coupling is refused with DSPARK-E123 (rather than running the
-    finish-kernel form silently)."""
-    from sglang_dspark_plugin.kernels import mtp_verify_gluon as G
-
-    with pytest.raises(DSparkError, match=r"DSPARK-E123.*GluonLaunch.coupling.*'in_kernel'"):
-        G.GluonLaunch(coupling="in_kernel")
-    assert G.GluonLaunch(coupling="in-kernel").coupling == "in-kernel"
