@@ -73,13 +73,11 @@ def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int):
     return triton.compile(src, target=H200, options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
-def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: Optional[int] = None, stages: Optional[int] = None,
-                              pdl: bool = True):
+def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: Optional[int] = None, stages: Optional[int] = None):
     """The Gluon verify stream (kernels/mtp_verify_gluon.py) compiled for sm_90 through its own
     launch path (``warmup``: no launch), with this machine's driver swapped for one that only names
     the target. Its tensor-descriptor arguments need real (CPU) tensors of the serving layout.
-    ``block_k`` / ``stages``: ``mtp_verify_gluon.LAUNCH``'s unless given; ``pdl``: with programmatic
-    dependent launch, as the chunked verify launches it on sm_90."""
+    ``block_k`` / ``stages``: ``mtp_verify_gluon.LAUNCH``'s unless given."""
     import torch
     from triton.backends.nvidia.driver import CudaDriver
     from triton.experimental.gluon import language as gl
@@ -130,8 +128,7 @@ def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: Optional[int] = N
             icw.stride(0), icw.stride(1), icw.stride(2), rv.stride(0), rv.stride(1), rv.stride(2),
             og.stride(1), og.stride(2),
             STEPS=steps, TP=TP, BK=block_k, STAGES=stages, ACT_BF16=True, GATE=gate,
-            PRODUCER_REGS=launch.producer_regs, num_warps=4, maxnreg=launch.maxnreg, grid=(1,),
-            **(dict(USE_PDL=True, launch_pdl=True) if pdl else {}))
+            PRODUCER_REGS=launch.producer_regs, num_warps=4, maxnreg=launch.maxnreg, grid=(1,))
     finally:
         driver._active = saved
 

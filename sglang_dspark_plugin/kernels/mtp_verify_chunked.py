@@ -623,7 +623,7 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
         return launch_verify_stream_gluon(
             v, out, conv_weight=conv_weight, ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices,
             cu_seqlens=cu_seqlens, intermediate_conv=icw, intermediate_rows=intermediate_rows, ring_rawv=rv,
-            ws=ws, pp=pp, N=N, T=T, H=H, steps=steps, TP=TP, act_bf16=act_bf16, gate=gate, pdl_kwargs=pdl_kw)
+            ws=ws, pp=pp, N=N, T=T, H=H, steps=steps, TP=TP, act_bf16=act_bf16, gate=gate)
     if gate is not None:
         og, onw, eps, counters = gate
         gate_args = (og, onw, counters, eps, og.stride(1), og.stride(2))

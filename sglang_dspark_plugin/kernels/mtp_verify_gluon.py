@@ -47,7 +47,7 @@ try:  # Gluon ships with Triton >= 3.4; without it this path is simply unavailab
     HAVE_GLUON = True
     # the elementwise helpers of the Triton kernels, called from Gluon: the same operations in the
     # same order, so conv outputs and roundings are the Triton kernels' bytes
-    from .common import _conv_silu, _pdl_enter, _round_act, _tf32_part
+    from .common import _conv_silu, _round_act, _tf32_part
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
 
@@ -302,9 +302,8 @@ if HAVE_GLUON:
         s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
         s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
         STEPS: gl.constexpr, TP: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-        ACT_BF16: gl.constexpr, GATE: gl.constexpr, PRODUCER_REGS: gl.constexpr, USE_PDL: gl.constexpr = False,
+        ACT_BF16: gl.constexpr, GATE: gl.constexpr, PRODUCER_REGS: gl.constexpr,
     ):
-        _pdl_enter(USE_PDL)  # before any partition touches memory
         s_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, _KD, BK], s_desc.layout)
         w_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * TP, BK], w_desc.layout)
         p_smem = gl.allocate_shared_memory(gl.float32, [TP, TP],
@@ -328,17 +327,16 @@ if HAVE_GLUON:
 
 def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens,
                                intermediate_conv, intermediate_rows, ring_rawv, ws, pp, N, T, H, steps, TP,
-                               act_bf16, gate=None, launch: Optional[GluonLaunch] = None,
-                               pdl_kwargs: Optional[dict] = None):
+                               act_bf16, gate=None, launch: Optional[GluonLaunch] = None):
     """Launch the Gluon streaming kernel after the prep and (``SPLIT_W``) finish kernels.
 
     ``ws``: the chunked verify's workspace ``[N, H, 2, TP, 128]`` fp32 with ``[W_hi ; W_lo]``
     per (request, head); ``pp``: ``[N, H, TP, TP]`` fp32 window coupling ``P``. The other
     arguments are :func:`.mtp_verify.mtp_verify`'s, validated. ``gate``: ``(output_gate, weight,
     eps, counters)`` or None (the counters are not needed: one CTA holds a whole head).
-    ``launch``: the launch options (default :data:`LAUNCH`); ``pdl_kwargs``:
-    ``launch_config.pdl_kwargs(device)``, the programmatic dependent launch the chunked verify's
-    other kernels take."""
+    ``launch``: the launch options (default :data:`LAUNCH`). Launched without programmatic
+    dependent launch: with it, the next kernel's early CTAs slowed the verify + fold step by 4-5 %
+    (docs/design/alternatives-measured.md)."""
     cfg = launch or LAUNCH
     block_k = cfg.block_k
     KD_ = KD
@@ -368,6 +366,6 @@ def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, sl
         conv_state.stride(0), conv_state.stride(1),
         icw.stride(0), icw.stride(1), icw.stride(2), rv.stride(0), rv.stride(1), rv.stride(2), *g_strides,
         STEPS=steps, TP=TP, BK=block_k, STAGES=cfg.stages, ACT_BF16=act_bf16, GATE=gate is not None,
-        PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg, **(pdl_kwargs or {}),
+        PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg,
     )
     return out

@@ -119,7 +119,7 @@ def test_gluon_refused_where_it_cannot_run():
 # --- the path around the Gluon kernel, on any device -----------------------------------------------
 
 def _torch_stream(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens, intermediate_conv,
-                  intermediate_rows, ring_rawv, ws, pp, N, T, H, steps, TP, act_bf16, gate=None, pdl_kwargs=None):
+                  intermediate_rows, ring_rawv, ws, pp, N, T, H, steps, TP, act_bf16, gate=None):
     """What the Gluon stream computes from the prep and finish kernels' workspace, in float64
     (``O^T = S0 W^T + V^T P^T``, W = the two halves the finish kernel wrote): a model of the kernel
     beside the real prep / finish kernels, so that the workspace contract is tested without sm_90.
