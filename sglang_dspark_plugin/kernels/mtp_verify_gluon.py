@@ -64,7 +64,7 @@ class GluonLaunch:
     warpgroup raises itself to what the TMA warp leaves: 232 with a 24-register TMA warp);
     ``producer_regs``: registers of the TMA warp; ``max_ctas``: a cap on the grid (tests: many items
     per CTA on a small batch). The defaults are the fastest launch measured at 8-token windows
-    (docs/benchmarks.md)."""
+    (``benchmarks/sweep_gluon_stream.py``)."""
 
     block_k: int = 64
     stages: int = 2
