@@ -25,7 +25,6 @@ import os
 import re
 import subprocess
 import tempfile
-from typing import Optional
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -73,11 +72,11 @@ def compile_sm90(fn, constexprs: dict, num_warps: int, num_stages: int):
     return triton.compile(src, target=H200, options=dict(num_warps=num_warps, num_stages=num_stages))
 
 
-def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: Optional[int] = None, stages: Optional[int] = None):
+def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: int, stages: int):
     """The Gluon verify stream (kernels/mtp_verify_gluon.py) compiled for sm_90 through its own
     launch path (``warmup``: no launch), with this machine's driver swapped for one that only names
-    the target. Its tensor-descriptor arguments need real (CPU) tensors of the serving layout.
-    ``block_k`` / ``stages``: ``mtp_verify_gluon.LAUNCH``'s unless given."""
+    the target. Its tensor-descriptor arguments need real (CPU) tensors of the serving layout; the
+    other launch options are ``mtp_verify_gluon.LAUNCH``'s."""
     import torch
     from triton.backends.nvidia.driver import CudaDriver
     from triton.experimental.gluon import language as gl
@@ -103,7 +102,6 @@ def compile_gluon_stream_sm90(steps: int, gate: bool, block_k: Optional[int] = N
             return torch.device("cpu")
 
     launch = G.LAUNCH
-    block_k, stages = block_k or launch.block_k, stages or launch.stages
     TP = max(8, triton.next_power_of_2(steps))
     H, N, slots = 4, 2, 3
     T, D = N * steps, 3 * H * 128

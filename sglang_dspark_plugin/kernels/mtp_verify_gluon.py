@@ -327,17 +327,17 @@ if HAVE_GLUON:
 
 def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens,
                                intermediate_conv, intermediate_rows, ring_rawv, ws, pp, N, T, H, steps, TP,
-                               act_bf16, gate=None, launch: Optional[GluonLaunch] = None):
+                               act_bf16, gate=None):
     """Launch the Gluon streaming kernel after the prep and (``SPLIT_W``) finish kernels.
 
     ``ws``: the chunked verify's workspace ``[N, H, 2, TP, 128]`` fp32 with ``[W_hi ; W_lo]``
     per (request, head); ``pp``: ``[N, H, TP, TP]`` fp32 window coupling ``P``. The other
     arguments are :func:`.mtp_verify.mtp_verify`'s, validated. ``gate``: ``(output_gate, weight,
     eps, counters)`` or None (the counters are not needed: one CTA holds a whole head).
-    ``launch``: the launch options (default :data:`LAUNCH`). Launched without programmatic
-    dependent launch: with it, the next kernel's early CTAs slowed the verify + fold step by 4-5 %
+    Launch options: :data:`LAUNCH`, read at each call. Launched without programmatic
+    dependent launch: with it the verify + fold step measured 4-5 % slower
     (docs/design/alternatives-measured.md)."""
-    cfg = launch or LAUNCH
+    cfg = LAUNCH
     block_k = cfg.block_k
     KD_ = KD
     slots = ssm_state.shape[0]
