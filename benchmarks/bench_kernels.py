@@ -61,7 +61,6 @@ from kda_testutil import F64, make_problem, rel_err  # noqa: E402
 from sglang_dspark_plugin.kernels import decode, mtp_verify, replayssm_fold  # noqa: E402
 from sglang_dspark_plugin.kernels.record_ring import commit_records  # noqa: E402
 from sglang_dspark_plugin.kernels import mtp_verify_gluon  # noqa: E402
-from sglang_dspark_plugin.kernels import mtp_verify_chunked  # noqa: E402
 from sglang_dspark_plugin.kernels.mtp_verify_gluon import gluon_verify_supported  # noqa: E402
 from sglang_dspark_plugin.kernels import reference as R  # noqa: E402
 
@@ -857,10 +856,6 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
     ver_ok = ok("verify_ring", T) and ok("verify_ring_chunked", T) and ok("fold", T)
     out.append(("step_eager", "ours", None, [lambda i=i, a_=a_: ours_step_eager(i, pool, T, a_) for i, a_ in steps_of],
                 None if ver_ok else "check failed"))
-    for cfg in configs.get("step_eager", []):  # --overlap: the verify in request groups
-        out.append(("step_eager", "ours", cfg,
-                     [lambda i=i, a_=a_, c=cfg: ours_step_eager(i, pool, T, a_, c) for i, a_ in steps_of],
-                     None if ok(check_name(cfg), T) and ok("fold", T) else "check failed"))
     for name, gcfg in (gluon_configs() if gluon_here() else []):
         out.append(("step_eager", "ours", gcfg,
                      [lambda i=i, a_=a_, c=gcfg: ours_step_eager(i, pool, T, a_, c) for i, a_ in steps_of],
@@ -920,15 +915,11 @@ def _precompile_worker(job):
 
 
 def configs_for(args):
-    cfgs = sweep_configs() if args.sweep else candidate_configs() if args.candidates else {}
-    if args.overlap:
-        # the chunked verify (and, where it runs, the Gluon one) in request groups, alone and in the step
-        impls = [dict(impl="chunked")] + ([gluon_configs()[0][1]] if gluon_here() else [])
-        extra = [dict(c, overlap_groups=int(g)) for g in args.overlap.split(",") for c in impls]
-        cfgs = dict(cfgs)
-        cfgs["verify_ring"] = cfgs.get("verify_ring", [{}]) + impls + extra
-        cfgs["step_eager"] = extra
-    return cfgs
+    if args.sweep:
+        return sweep_configs()
+    if args.candidates:
+        return candidate_configs()
+    return {}
 
 
 def _job(job):
@@ -1325,13 +1316,7 @@ def main():
     ap.add_argument("--kernel-profile", action="store_true",
                     help="also break whole steps and decodes down by GPU kernel (torch profiler over the graph)")
     ap.add_argument("--wait-file", default=None, help="wait for this file to exist before timing")
-    ap.add_argument("--overlap", default=None,
-                    help="comma list of request-group counts for the chunked verify's overlapped launch")
-    ap.add_argument("--side-priority", type=int, default=None,
-                    help="torch priority of the overlapped prep's side stream (default: the highest)")
     args = ap.parse_args()
-    if args.side_priority is not None:
-        mtp_verify_chunked.SIDE_PRIORITY = args.side_priority
     sys.exit(run(args))
 
 

@@ -207,7 +207,7 @@ def mtp_verify(
     block_k: Optional[int] = None, num_stages: Optional[int] = None,
     dot_precision: Optional[str] = None, impl: Optional[str] = None,
     prep_block_k: Optional[int] = None, prep_num_warps: Optional[int] = None,
-    finish: Optional[bool] = None, overlap_groups: Optional[int] = None,
+    finish: Optional[bool] = None,
     record_cursor: Optional[torch.Tensor] = None, ring_delta=None,
     output_gate: Optional[torch.Tensor] = None, output_norm_weight: Optional[torch.Tensor] = None,
     output_norm_eps: Optional[float] = None, output_gate_workspace: Optional[torch.Tensor] = None,
@@ -297,10 +297,6 @@ def mtp_verify(
     finish : bool, optional
         Chunked kernel: run the per-(request, head) finish kernel between prep and streaming kernel
         (the window's ``T x T`` algebra once per head; default from the table: windows of 5+ tokens).
-    overlap_groups : int, optional
-        Chunked kernel on CUDA: split the requests into this many contiguous groups and run each
-        group's prep / finish kernels on a side stream while the group before streams its state
-        (default from the table; 1 = one launch of each kernel, in order).
     record_cursor : torch.Tensor, optional
         Lazy record ring (ring mode; docs/design/lazy-record-ring.md): ``[slots]`` int32, ``p`` =
         the records of accepted tokens a slot holds in ring rows ``[0, p)`` that
@@ -362,7 +358,7 @@ def mtp_verify(
     plan = plan_mtp_verify(
         checked.H, checked.N, checked.steps, ring=checked.ring, impl=impl, block_v=block_v, num_warps=num_warps,
         block_k=block_k, num_stages=num_stages, dot_precision=dot_precision, prep_block_k=prep_block_k,
-        prep_num_warps=prep_num_warps, finish=finish, overlap_groups=overlap_groups, lazy=checked.delta is not None,
+        prep_num_warps=prep_num_warps, finish=finish, lazy=checked.delta is not None,
     )
     if out is None:
         out = torch.empty((1, checked.T, checked.H, HEAD_DIM), dtype=checked.act, device=q.device)
@@ -498,7 +494,6 @@ class VerifyPlan:
     prep_num_warps: Optional[int] = None
     dot_precision: Optional[str] = None  # chunked: "tf32x3", "ieee" or "tf32"
     finish: Optional[bool] = None  # chunked: run the per-(request, head) finish kernel
-    overlap_groups: int = 1  # chunked: request groups whose prep overlaps the previous group's stream
     finish_num_warps: Optional[int] = None
 
 
@@ -506,8 +501,7 @@ def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[st
                     block_v: Optional[int] = None, num_warps: Optional[int] = None, block_k: Optional[int] = None,
                     num_stages: Optional[int] = None, dot_precision: Optional[str] = None,
                     prep_block_k: Optional[int] = None, prep_num_warps: Optional[int] = None,
-                    finish: Optional[bool] = None, overlap_groups: Optional[int] = None,
-                    lazy: bool = False) -> VerifyPlan:
+                    finish: Optional[bool] = None, lazy: bool = False) -> VerifyPlan:
     """The launch plan of :func:`mtp_verify` for ``H`` heads, ``N`` requests and ``steps`` = 1 + num_spec
     tokens per request: the launch table's choice (:mod:`.launch_config`), with the knobs the caller
     set (same meaning as in :func:`mtp_verify`) taking precedence. Raises E121-E123 for bad knobs.
@@ -526,8 +520,7 @@ def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[st
         return VerifyPlan(impl="gluon", block_v=128, num_warps=4, num_stages=None, block_k=32,
                           prep_block_k=prep_block_k or cfg["prep_block_k"],
                           prep_num_warps=prep_num_warps or cfg["prep_num_warps"], dot_precision="tf32x3",
-                          finish=True, finish_num_warps=cfg["finish_num_warps"],
-                          overlap_groups=int(overlap_groups or cfg.get("overlap_groups", 1)))
+                          finish=True, finish_num_warps=cfg["finish_num_warps"])
     cfg = (LC.verify_ring(H, N, steps, None if impl == "auto" else impl, lazy=lazy) if ring
            else dict(impl="rows", **LC.verify_rows(H, N, steps)))
     BV = V.check_block_v(block_v if block_v is not None else cfg["block_v"])
@@ -541,7 +534,6 @@ def plan_mtp_verify(H: int, N: int, steps: int, *, ring: bool, impl: Optional[st
         prep_block_k=prep_block_k or cfg["prep_block_k"], prep_num_warps=prep_num_warps or cfg["prep_num_warps"],
         dot_precision=dot_precision or cfg.get("dot_precision", "tf32x3"),
         finish=cfg["finish"] if finish is None else bool(finish), finish_num_warps=cfg["finish_num_warps"],
-        overlap_groups=int(overlap_groups or cfg.get("overlap_groups", 1)),
     )
 
 
@@ -566,8 +558,7 @@ def _launch(plan: VerifyPlan, c: _Checked, q, k, v, a, b, out, *, conv_weight, s
             block_v=plan.block_v, block_k=plan.block_k, num_warps=plan.num_warps, num_stages=plan.num_stages,
             prep_block_k=plan.prep_block_k, prep_num_warps=plan.prep_num_warps, dot_precision=plan.dot_precision,
             finish=plan.finish, finish_num_warps=plan.finish_num_warps, pdl_kwargs=LC.pdl_kwargs(dev),
-            record_cursor=record_cursor, ring_delta=c.delta, gate=gate, stream="gluon" if plan.impl == "gluon" else "triton",
-            overlap_groups=plan.overlap_groups)
+            record_cursor=record_cursor, ring_delta=c.delta, gate=gate, stream="gluon" if plan.impl == "gluon" else "triton")
         return
     extra = {} if plan.num_stages is None else dict(num_stages=plan.num_stages)
     snapshot = not c.ring

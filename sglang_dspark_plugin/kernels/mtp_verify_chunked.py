@@ -210,13 +210,13 @@ def _conv_outputs(x3, x2, x1, x0, w0, w1, w2, w3, ch, icw_base, s_icw_win, m_liv
     return y
 
 
-@triton.jit(do_not_specialize=["H", "n_base", "s_b_t", "s_b_h", "s_rb_slot", "s_rb_h", "s_rb_t"])
+@triton.jit(do_not_specialize=["H", "s_b_t", "s_b_h", "s_rb_slot", "s_rb_h", "s_rb_t"])
 def _verify_prep_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, w_ptr, A_log_ptr, dt_bias_ptr,
     conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr,
     rk_ptr, rg_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr,
     cur_ptr, wb_ptr, wr_ptr, wc_ptr, ring_len,
-    H, n_base, lower_bound,
+    H, lower_bound,
     s_q_t, s_q_h, s_k_t, s_k_h, s_a_t, s_a_h, s_b_t, s_b_h,
     s_w, s_conv_slot, s_conv_row,
     s_icw_row, s_icw_step, s_icw_win,
@@ -243,7 +243,7 @@ def _verify_prep_kernel(
     leaves the pending records' carried keys of its channels in ``wr[n, h, :p, chunk]`` and the
     checkpoint decay in ``wc[n, h, chunk]`` (:func:`_carried_keys`) for the streaming kernel."""
     _pdl_enter(USE_PDL)
-    n = n_base + tl.program_id(0)
+    n = tl.program_id(0)
     h = tl.program_id(1)
     ci = tl.program_id(2)
     KD: tl.constexpr = 128
@@ -318,9 +318,8 @@ def _verify_prep_kernel(
                          mask=live)
 
 
-@triton.jit(do_not_specialize=["H", "n_base", "s_rb_slot", "s_rb_h", "s_rb_t"])
-def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_ptr, cur_ptr, wb_ptr, ring_len, H,
-                          n_base, scale,
+@triton.jit(do_not_specialize=["H", "s_rb_slot", "s_rb_h", "s_rb_t"])
+def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_ptr, cur_ptr, wb_ptr, ring_len, H, scale,
                           s_rb_slot, s_rb_h, s_rb_t,
                           STEPS: tl.constexpr, TP: tl.constexpr, NC: tl.constexpr, USE_PDL: tl.constexpr = False,
                           LAZY: tl.constexpr = False, SPLIT_W: tl.constexpr = False):
@@ -339,7 +338,7 @@ def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_
     (``ws[n, h, 0]``, low 13 mantissa bits cleared) and the rest (``ws[n, h, 1]``, over the ``Kg``
     rows, which the finished non-lazy form does not use): the operands of its 3-pass tf32 product."""
     _pdl_enter(USE_PDL)
-    n = n_base + tl.program_id(0)
+    n = tl.program_id(0)
     h = tl.program_id(1)
     KD: tl.constexpr = 128
     offs_t = tl.arange(0, TP)
@@ -371,12 +370,12 @@ def _verify_finish_kernel(slot_ptr, cu_ptr, rb_ptr, ws_ptr, wp_ptr, wss_ptr, pp_
             tl.store(ws_q, W)
 
 
-@triton.jit(do_not_specialize=["N", "T", "H", "n_base", "s_rv_slot", "s_rv_h", "s_rv_t", "s_rb_slot", "s_rb_h", "s_rb_t"])
+@triton.jit(do_not_specialize=["N", "T", "H", "s_rv_slot", "s_rv_h", "s_rv_t", "s_rb_slot", "s_rb_h", "s_rb_t"])
 def _verify_stream_kernel(
     v_ptr, out_ptr, w_ptr, ssm_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, rb_ptr,
     ws_ptr, wp_ptr, wss_ptr, pp_ptr,
     cur_ptr, wb_ptr, wr_ptr, wc_ptr, rd_hi_ptr, rd_lo_ptr, ring_len,
-    N, T, H, n_base, scale,
+    N, T, H, scale,
     s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_ssm_slot, s_conv_slot, s_conv_row,
     s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_rb_slot, s_rb_h, s_rb_t,
     s_rd_slot, s_rd_h, s_rd_t,
@@ -411,7 +410,7 @@ def _verify_stream_kernel(
     rows ``base + t``. No rawv ring is written."""
     _pdl_enter(USE_PDL)
     iv = tl.program_id(0)
-    n = n_base + tl.program_id(1)
+    n = tl.program_id(1)
     h = tl.program_id(2)
     KD: tl.constexpr = 128
     TW: tl.constexpr = max(TP, 16) if FINISHED else TP  # window rows of this kernel's tiles
@@ -559,7 +558,7 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
                                ring_rawv, ring_rawk, ring_g, ring_beta, N, T, H, steps, act_bf16,
                                block_v=128, block_k=32, num_warps=4, num_stages=None, dot_precision="tf32x3",
                                finish=False, finish_num_warps=4, prep_block_k=32, prep_num_warps=1, pdl_kwargs=None,
-                               record_cursor=None, ring_delta=None, gate=None, stream="triton", overlap_groups=1):
+                               record_cursor=None, ring_delta=None, gate=None, stream="triton"):
     """Launch the prep, (with ``finish``) finish and streaming kernels on arguments ``mtp_verify``
     has validated. ``stream="gluon"``: the streaming kernel is the Hopper Gluon kernel of
     :mod:`.mtp_verify_gluon` (needs ``finish`` and no lazy record ring).
@@ -598,118 +597,53 @@ def launch_verify_ring_chunked(q, k, v, a, b, out, *, conv_weight, A_flat, dt_fl
         cursor, split_d = slot_indices, False
     pdl_kw = pdl_kwargs or {}  # launch_config.pdl_kwargs(device)
     icw = intermediate_conv
-
-    def prep_and_finish(n0, cnt):
-        _verify_prep_kernel[(cnt, H, NC)](
-            q, k, a, b, conv_weight, A_flat, dt_flat,
-            conv_state, slot_indices, cu_seqlens, icw, intermediate_rows,
-            rk, rg, rb, ws, wp, wss,
-            cursor, wb, wr, wc, L,
-            H, n0, 0.0 if lower_bound is None else lower_bound,
-            q.stride(1), q.stride(2), k.stride(1), k.stride(2), a.stride(1), a.stride(2), b.stride(1), b.stride(2),
-            conv_weight.stride(0), conv_state.stride(0), conv_state.stride(1),
-            icw.stride(0), icw.stride(1), icw.stride(2),
-            rk.stride(0), rk.stride(1), rk.stride(2), rg.stride(0), rg.stride(1), rg.stride(2),
+    _verify_prep_kernel[(N, H, NC)](
+        q, k, a, b, conv_weight, A_flat, dt_flat,
+        conv_state, slot_indices, cu_seqlens, icw, intermediate_rows,
+        rk, rg, rb, ws, wp, wss,
+        cursor, wb, wr, wc, L,
+        H, 0.0 if lower_bound is None else lower_bound,
+        q.stride(1), q.stride(2), k.stride(1), k.stride(2), a.stride(1), a.stride(2), b.stride(1), b.stride(2),
+        conv_weight.stride(0), conv_state.stride(0), conv_state.stride(1),
+        icw.stride(0), icw.stride(1), icw.stride(2),
+        rk.stride(0), rk.stride(1), rk.stride(2), rg.stride(0), rg.stride(1), rg.stride(2),
+        rb.stride(0), rb.stride(1), rb.stride(2),
+        STEPS=steps, TP=TP, BK=prep_block_k, ACT_BF16=act_bf16, USE_LB=lower_bound is not None,
+        LAZY=lazy, LP=LP, num_warps=prep_num_warps, **pdl_kw,
+    )
+    if finish:
+        _verify_finish_kernel[(N, H)](
+            slot_indices, cu_seqlens, rb, ws, wp, wss, pp, cursor, wb, L, H, scale,
             rb.stride(0), rb.stride(1), rb.stride(2),
-            STEPS=steps, TP=TP, BK=prep_block_k, ACT_BF16=act_bf16, USE_LB=lower_bound is not None,
-            LAZY=lazy, LP=LP, num_warps=prep_num_warps, **pdl_kw,
-        )
-        if finish:
-            _verify_finish_kernel[(cnt, H)](
-                slot_indices, cu_seqlens, rb, ws, wp, wss, pp, cursor, wb, L, H, n0, scale,
-                rb.stride(0), rb.stride(1), rb.stride(2),
-                STEPS=steps, TP=TP, NC=NC, LAZY=lazy, SPLIT_W=stream == "gluon", num_warps=finish_num_warps,
-                **pdl_kw)
-
+            STEPS=steps, TP=TP, NC=NC, LAZY=lazy, SPLIT_W=stream == "gluon", num_warps=finish_num_warps, **pdl_kw)
     if stream == "gluon":
         assert finish and not lazy, "the Gluon stream takes the finished, non-lazy form"
         from .mtp_verify_gluon import launch_verify_stream_gluon
 
-        def stream_launch(n0, cnt):
-            launch_verify_stream_gluon(
-                v, out, conv_weight=conv_weight, ssm_state=ssm_state, conv_state=conv_state,
-                slot_indices=slot_indices, cu_seqlens=cu_seqlens, intermediate_conv=icw,
-                intermediate_rows=intermediate_rows, ring_rawv=rv, ws=ws, pp=pp, N=N, T=T, H=H, steps=steps, TP=TP,
-                act_bf16=act_bf16, gate=gate, n_base=n0, n_count=cnt)
+        return launch_verify_stream_gluon(
+            v, out, conv_weight=conv_weight, ssm_state=ssm_state, conv_state=conv_state, slot_indices=slot_indices,
+            cu_seqlens=cu_seqlens, intermediate_conv=icw, intermediate_rows=intermediate_rows, ring_rawv=rv,
+            ws=ws, pp=pp, N=N, T=T, H=H, steps=steps, TP=TP, act_bf16=act_bf16, gate=gate)
+    if gate is not None:
+        og, onw, eps, counters = gate
+        gate_args = (og, onw, counters, eps, og.stride(1), og.stride(2))
     else:
-        if gate is not None:
-            og, onw, eps, counters = gate
-            gate_args = (og, onw, counters, eps, og.stride(1), og.stride(2))
-        else:
-            gate_args = (out, out, slot_indices, 0.0, 0, 0)  # placeholders, never touched
-        kw = dict(num_warps=num_warps, **pdl_kw)
-        if num_stages is not None:
-            kw["num_stages"] = num_stages
-
-        def stream_launch(n0, cnt):
-            _verify_stream_kernel[(128 // block_v, cnt, H)](
-                v, out, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens, icw, intermediate_rows, rv, rb,
-                ws, wp, wss, pp,
-                cursor, wb, wr, wc, rd_hi, rd_lo, L,
-                N, T, H, n0, scale,
-                v.stride(1), v.stride(2), out.stride(1), out.stride(2), conv_weight.stride(0),
-                ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
-                icw.stride(0), icw.stride(1), icw.stride(2),
-                rv.stride(0), rv.stride(1), rv.stride(2), rb.stride(0), rb.stride(1), rb.stride(2),
-                *(rd_hi.stride()[:3] if lazy else (0, 0, 0)),
-                *gate_args,
-                STEPS=steps, TP=TP, BV=block_v, BK=block_k, NC=NC, FINISHED=finish, ACT_BF16=act_bf16,
-                DOT_PREC=dot_precision, LAZY=lazy, LP=LP, SPLIT_D=split_d, GATE=gate is not None, **kw,
-            )
-
-    groups = item_groups(N, overlap_groups)
-    if len(groups) == 1 or not q.is_cuda:
-        for n0, cnt in groups:
-            prep_and_finish(n0, cnt)
-            stream_launch(n0, cnt)
-        return out
-    # Overlap: the prep / finish kernels of each item group run on a side stream while the state
-    # stream of the group before runs on this one (the first is instruction-bound, the second
-    # memory-bound). Items are independent (own slots, rings and workspace rows), so the only
-    # order is each group's prep / finish before its stream. All work joins this stream before the
-    # workspaces can be freed; graph-capturable (fork / join by events).
-    main = torch.cuda.current_stream(dev)
-    side = _side_stream(dev)
-    side.wait_stream(main)
-    ready = []
-    with torch.cuda.stream(side):
-        for n0, cnt in groups:
-            prep_and_finish(n0, cnt)
-            ev = torch.cuda.Event()
-            ev.record(side)
-            ready.append(ev)
-    for (n0, cnt), ev in zip(groups, ready):
-        main.wait_event(ev)
-        stream_launch(n0, cnt)
+        gate_args = (out, out, slot_indices, 0.0, 0, 0)  # placeholders, never touched
+    kw = dict(num_warps=num_warps, **pdl_kw)
+    if num_stages is not None:
+        kw["num_stages"] = num_stages
+    _verify_stream_kernel[(128 // block_v, N, H)](
+        v, out, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens, icw, intermediate_rows, rv, rb,
+        ws, wp, wss, pp,
+        cursor, wb, wr, wc, rd_hi, rd_lo, L,
+        N, T, H, scale,
+        v.stride(1), v.stride(2), out.stride(1), out.stride(2), conv_weight.stride(0),
+        ssm_state.stride(0), conv_state.stride(0), conv_state.stride(1),
+        icw.stride(0), icw.stride(1), icw.stride(2),
+        rv.stride(0), rv.stride(1), rv.stride(2), rb.stride(0), rb.stride(1), rb.stride(2),
+        *(rd_hi.stride()[:3] if lazy else (0, 0, 0)),
+        *gate_args,
+        STEPS=steps, TP=TP, BV=block_v, BK=block_k, NC=NC, FINISHED=finish, ACT_BF16=act_bf16,
+        DOT_PREC=dot_precision, LAZY=lazy, LP=LP, SPLIT_D=split_d, GATE=gate is not None, **kw,
+    )
     return out
-
-
-def item_groups(N: int, groups: int) -> list:
-    """``[(first item, count)]``: ``N`` items in ``min(groups, N)`` contiguous groups of near-equal
-    size (the larger ones first)."""
-    g = max(1, min(int(groups), N))
-    base, extra = divmod(N, g)
-    out, n0 = [], 0
-    for i in range(g):
-        cnt = base + (i < extra)
-        out.append((n0, cnt))
-        n0 += cnt
-    return out
-
-
-_SIDE_STREAMS: dict = {}
-
-
-def _side_stream(device) -> "torch.cuda.Stream":
-    """One side stream per device for the overlapped prep / finish kernels, created once (a new
-    stream per call would defeat CUDA-graph capture's stream reuse). High priority, so the
-    block scheduler places their programs as the state stream's retire."""
-    idx = torch.device(device).index
-    idx = torch.cuda.current_device() if idx is None else idx
-    if idx not in _SIDE_STREAMS:
-        lo, hi = torch.cuda.Stream.priority_range()
-        _SIDE_STREAMS[idx] = torch.cuda.Stream(device=idx, priority=SIDE_PRIORITY if SIDE_PRIORITY is not None else hi)
-    return _SIDE_STREAMS[idx]
-
-
-SIDE_PRIORITY = None  # None: the highest priority (a number: that torch stream priority)

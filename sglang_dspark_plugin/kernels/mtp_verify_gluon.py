@@ -104,15 +104,15 @@ if HAVE_GLUON:
             gl.thread_barrier()
 
     @gluon.jit
-    def _producer(s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, item_begin, item_end,
+    def _producer(s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items,
                   TP: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr):
         """The TMA warp: every live item's state chunks and window-operand chunks, in order."""
         pid = gl.program_id(0)
         nprog = gl.num_programs(0)
         it = 0
-        N = item_end // H
-        slot_next = gl.load(slot_ptr + (item_begin + pid) // H)
-        for item in range(item_begin + pid, item_end, nprog):
+        N = n_items // H
+        slot_next = gl.load(slot_ptr + pid // H)
+        for item in range(pid, n_items, nprog):
             h = item % H
             # the next item's slot now, so that its TMA issue does not wait for it
             slot = slot_next
@@ -129,15 +129,15 @@ if HAVE_GLUON:
                     it += 1
 
     @gluon.jit
-    def _item_index(item, slot_ptr, cu_ptr, irow_ptr, N, H, item_end, STEPS: gl.constexpr):
-        """(slot, first token, tokens, conv-window row) of work item ``item``; slot -1 from
-        ``item_end`` on (reads stay inside the tables)."""
+    def _item_index(item, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS: gl.constexpr):
+        """(slot, first token, tokens, conv-window row) of work item ``item``; slot -1 past the
+        last item (reads stay inside the tables)."""
         n = gl.minimum(item // H, N - 1)
         slot = gl.load(slot_ptr + n).to(gl.int64)
         bos = gl.load(cu_ptr + n)
         n_tok = gl.minimum(gl.load(cu_ptr + n + 1) - bos, STEPS)
         row = gl.load(irow_ptr + n).to(gl.int64)
-        return gl.where(item < item_end, slot, -1), bos, n_tok, row
+        return gl.where(item < n_items, slot, -1), bos, n_tok, row
 
     @gluon.jit
     def _item_operands(item, slot, bos, n_tok, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
@@ -179,7 +179,7 @@ if HAVE_GLUON:
     def _consumer(s_bufs, w_bufs, p_smem, ready, empty,
                   v_ptr, out_ptr, cw_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, pp_ptr,
                   og_ptr, onw_ptr, onorm_eps,
-                  N, T, H, item_begin, item_end,
+                  N, T, H, n_items,
                   s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
                   s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
                   STEPS: gl.constexpr, TP: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
@@ -206,18 +206,18 @@ if HAVE_GLUON:
         if GATE:
             nw = gl.load(onw_ptr + offs_v).to(gl.float32)
 
-        pid = item_begin + gl.program_id(0)  # this CTA's first item
+        pid = gl.program_id(0)
         nprog = gl.num_programs(0)
         it = 0
         # Software pipeline: an item's epilogue operands are loaded one item ahead and its indices
         # two ahead, so that no load's latency lands between two items' math.
-        slot_a, bos_a, ntok_a, row_a = _item_index(pid, slot_ptr, cu_ptr, irow_ptr, N, H, item_end, STEPS)
+        slot_a, bos_a, ntok_a, row_a = _item_index(pid, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS)
         c0_a, c1_a, c2_a, w0_a, w1_a, w2_a, w3_a, xt_a, pt_a, gate_a = _item_operands(
             pid, slot_a, bos_a, ntok_a, H, v_ptr, cw_ptr, conv_ptr, pp_ptr, og_ptr,
             s_v_t, s_v_h, s_w, s_conv_slot, s_conv_row, s_og_t, s_og_h,
             offs_v, offs_t, offs_pr, offs_pc, TP, GATE)
-        slot_b, bos_b, ntok_b, row_b = _item_index(pid + nprog, slot_ptr, cu_ptr, irow_ptr, N, H, item_end, STEPS)
-        for item in range(pid, item_end, nprog):
+        slot_b, bos_b, ntok_b, row_b = _item_index(pid + nprog, slot_ptr, cu_ptr, irow_ptr, N, H, n_items, STEPS)
+        for item in range(pid, n_items, nprog):
             n = item // H
             h = item % H
             h64 = h.to(gl.int64)
@@ -229,7 +229,7 @@ if HAVE_GLUON:
                 offs_v, offs_t, offs_pr, offs_pc, TP, GATE)
             slot_a, bos_a, ntok_a, row_a = slot_b, bos_b, ntok_b, row_b
             slot_b, bos_b, ntok_b, row_b = _item_index(item + 2 * nprog, slot_ptr, cu_ptr, irow_ptr, N, H,
-                                                       item_end, STEPS)
+                                                       n_items, STEPS)
             # Output rows no request covers ([cu_seqlens[N], T)): zero the dense positions of block n
             # (head h's columns).
             p_d = n * STEPS + offs_t
@@ -298,7 +298,7 @@ if HAVE_GLUON:
         s_desc, w_desc,
         v_ptr, out_ptr, cw_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, pp_ptr,
         og_ptr, onw_ptr, onorm_eps,
-        N, T, H, item_begin, item_end,
+        N, T, H, n_items,
         s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
         s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
         STEPS: gl.constexpr, TP: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
@@ -317,25 +317,23 @@ if HAVE_GLUON:
             (_consumer, (s_bufs, w_bufs, p_smem, ready, empty,
                          v_ptr, out_ptr, cw_ptr, conv_ptr, slot_ptr, cu_ptr, icw_ptr, irow_ptr, rv_ptr, pp_ptr,
                          og_ptr, onw_ptr, onorm_eps,
-                         N, T, H, item_begin, item_end,
+                         N, T, H, n_items,
                          s_v_t, s_v_h, s_o_t, s_o_h, s_w, s_conv_slot, s_conv_row,
                          s_icw_row, s_icw_step, s_icw_win, s_rv_slot, s_rv_h, s_rv_t, s_og_t, s_og_h,
                          STEPS, TP, BK, STAGES, ACT_BF16, GATE)),
-            (_producer, (s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, item_begin, item_end, TP, BK,
-                         STAGES)),
+            (_producer, (s_desc, w_desc, s_bufs, w_bufs, ready, empty, slot_ptr, H, n_items, TP, BK, STAGES)),
         ], [1], [PRODUCER_REGS])
 
 
 def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens,
                                intermediate_conv, intermediate_rows, ring_rawv, ws, pp, N, T, H, steps, TP,
-                               act_bf16, gate=None, n_base=0, n_count=None):
+                               act_bf16, gate=None):
     """Launch the Gluon streaming kernel after the prep and (``SPLIT_W``) finish kernels.
 
     ``ws``: the chunked verify's workspace ``[N, H, 2, TP, 128]`` fp32 with ``[W_hi ; W_lo]``
     per (request, head); ``pp``: ``[N, H, TP, TP]`` fp32 window coupling ``P``. The other
     arguments are :func:`.mtp_verify.mtp_verify`'s, validated. ``gate``: ``(output_gate, weight,
     eps, counters)`` or None (the counters are not needed: one CTA holds a whole head).
-    ``n_base``, ``n_count``: the requests ``[n_base, n_base + n_count)`` only (default: all ``N``).
     Launch options: :data:`LAUNCH`, read at each call. Launched without programmatic
     dependent launch: with it the verify + fold step measured 4-5 % slower
     (docs/design/alternatives-measured.md)."""
@@ -354,17 +352,16 @@ def launch_verify_stream_gluon(v, out, *, conv_weight, ssm_state, conv_state, sl
     else:
         gate_args = (out, out, 0.0)  # placeholders, never touched
         g_strides = (0, 0)
-    n_count = N - n_base if n_count is None else n_count
-    item_begin, item_end = n_base * H, (n_base + n_count) * H
+    n_items = N * H
     ctas = cfg.ctas_per_sm * _sm_count(v.device.index or 0)
-    grid = (max(1, min(n_count * H, ctas, cfg.max_ctas or ctas)),)
+    grid = (max(1, min(n_items, ctas, cfg.max_ctas or ctas)),)
     icw = intermediate_conv
     rv = ring_rawv
     _verify_stream_gluon_kernel[grid](
         s_desc, w_desc,
         v, out, conv_weight, conv_state, slot_indices, cu_seqlens, icw, intermediate_rows, rv, pp,
         *gate_args,
-        N, T, H, item_begin, item_end,
+        N, T, H, n_items,
         v.stride(1), v.stride(2), out.stride(1), out.stride(2), conv_weight.stride(0),
         conv_state.stride(0), conv_state.stride(1),
         icw.stride(0), icw.stride(1), icw.stride(2), rv.stride(0), rv.stride(1), rv.stride(2), *g_strides,

@@ -119,21 +119,18 @@ def test_gluon_refused_where_it_cannot_run():
 # --- the path around the Gluon kernel, on any device -----------------------------------------------
 
 def _torch_stream(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, cu_seqlens, intermediate_conv,
-                  intermediate_rows, ring_rawv, ws, pp, N, T, H, steps, TP, act_bf16, gate=None, n_base=0,
-                  n_count=None):
+                  intermediate_rows, ring_rawv, ws, pp, N, T, H, steps, TP, act_bf16, gate=None):
     """What the Gluon stream computes from the prep and finish kernels' workspace, in float64
     (``O^T = S0 W^T + V^T P^T``, W = the two halves the finish kernel wrote): a model of the kernel
     beside the real prep / finish kernels, so that the workspace contract is tested without sm_90.
     Also checks the split itself: the first half is W's tf32 part (13 low mantissa bits clear)."""
-    group = range(n_base, N if n_count is None else n_base + n_count)  # the requests of this call
-    live = slot_indices[group.start:group.stop] >= 0  # the workspace of padding requests is never written
-    hi = ws[group.start:group.stop][live][:, :, 0]
+    live = slot_indices >= 0  # the workspace of padding requests is never written
+    hi = ws[live][:, :, 0]
     assert not (hi.contiguous().view(torch.int32) & 0x1FFF).any(), "W's first half is not tf32-truncated"
     act = out.dtype
-    if n_base == 0:  # the first request group's call (groups run in order here)
-        out.zero_()
+    out.zero_()
     cu = cu_seqlens.tolist()
-    for n in group:
+    for n in range(N):
         slot = int(slot_indices[n])
         if slot < 0:
             continue
@@ -160,9 +157,8 @@ def _torch_stream(v, out, *, conv_weight, ssm_state, conv_state, slot_indices, c
     return out
 
 
-@pytest.mark.parametrize("groups", (1, 2))
 @pytest.mark.parametrize("num_spec", (1, 7))
-def test_gluon_path_workspace_contract(num_spec, groups, monkeypatch):
+def test_gluon_path_workspace_contract(num_spec, monkeypatch):
     """impl="gluon" end to end with the stream modelled in torch: the plan (finish forced, 8-row
     windows), the prep and the finish kernel's split W, the workspace layout the Gluon kernel reads
     by TMA (``[N*H*2*TP, 128]`` rows, ``[N*H, TP, TP]`` P) and the rings / conv windows the prep
@@ -178,8 +174,7 @@ def test_gluon_path_workspace_contract(num_spec, groups, monkeypatch):
     icw_r, rings_r = p.new_icw(F64, fill=0.0), p.new_rings(act_dtype=F64, fill=0.0)
     out_r = R.mtp_verify_ref(*p.acts64(), intermediate_conv=icw_r, **rings_r, **p.ref_verify_kwargs())
     out, icw, rings = torch.full_like(p.q, float("nan")), p.new_icw(), p.new_rings(L=2 * steps)
-    mtp_verify(*p.acts(), intermediate_conv=icw, out=out, **rings, **p.verify_kwargs(), impl="gluon",
-               overlap_groups=groups)
+    mtp_verify(*p.acts(), intermediate_conv=icw, out=out, **rings, **p.verify_kwargs(), impl="gluon")
     assert rel_err(out, out_r) <= tol(dtype), rel_err(out, out_r)
     for slot, row, ln in zip(p.extra["slot_list"], p.extra["row_list"], lengths):
         if slot < 0:
