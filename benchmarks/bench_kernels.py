@@ -856,6 +856,11 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
     ver_ok = ok("verify_ring", T) and ok("verify_ring_chunked", T) and ok("fold", T)
     out.append(("step_eager", "ours", None, [lambda i=i, a_=a_: ours_step_eager(i, pool, T, a_) for i, a_ in steps_of],
                 None if ver_ok else "check failed"))
+    for cfg in configs.get("step_eager", []):  # --configs: the step with these verify launches
+        out.append(("step_eager", "ours", cfg,
+                     [lambda i=i, a_=a_, c=cfg: ours_step_eager(i, pool, T, a_, c) for i, a_ in steps_of],
+                     None if ok(check_name(cfg) if cfg.get("impl") else "verify_ring", T) and ok("fold", T)
+                     else "check failed"))
     for name, gcfg in (gluon_configs() if gluon_here() else []):
         out.append(("step_eager", "ours", gcfg,
                      [lambda i=i, a_=a_, c=gcfg: ours_step_eager(i, pool, T, a_, c) for i, a_ in steps_of],
@@ -915,11 +920,12 @@ def _precompile_worker(job):
 
 
 def configs_for(args):
-    if args.sweep:
-        return sweep_configs()
-    if args.candidates:
-        return candidate_configs()
-    return {}
+    cfgs = sweep_configs() if args.sweep else candidate_configs() if args.candidates else {}
+    if args.configs:
+        # ring-verify launches given on the command line, timed alone and in the whole step
+        extra = json.loads(args.configs)
+        cfgs = dict(cfgs, verify_ring=cfgs.get("verify_ring", [{}]) + extra, step_eager=extra)
+    return cfgs
 
 
 def _job(job):
@@ -1316,6 +1322,9 @@ def main():
     ap.add_argument("--kernel-profile", action="store_true",
                     help="also break whole steps and decodes down by GPU kernel (torch profiler over the graph)")
     ap.add_argument("--wait-file", default=None, help="wait for this file to exist before timing")
+    ap.add_argument("--configs", default=None,
+                    help='JSON list of ring-verify launches (mtp_verify kwargs) to time alone and in the step, '
+                         'e.g. \'[{"impl": "chunked", "prep_block_k": 128}]\'')
     args = ap.parse_args()
     sys.exit(run(args))
 
