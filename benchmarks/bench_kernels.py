@@ -856,15 +856,12 @@ def point_tasks(H, N, T, pool, insts, up, configs, ok, snapshot):
     ver_ok = ok("verify_ring", T) and ok("verify_ring_chunked", T) and ok("fold", T)
     out.append(("step_eager", "ours", None, [lambda i=i, a_=a_: ours_step_eager(i, pool, T, a_) for i, a_ in steps_of],
                 None if ver_ok else "check failed"))
-    for cfg in configs.get("step_eager", []):  # --configs: the step with these verify launches
+    # the step with other verify launches: those of --configs, then the Gluon stream's
+    for cfg in configs.get("step_eager", []) + ([c for _, c in gluon_configs()] if gluon_here() else []):
         out.append(("step_eager", "ours", cfg,
                      [lambda i=i, a_=a_, c=cfg: ours_step_eager(i, pool, T, a_, c) for i, a_ in steps_of],
                      None if ok(check_name(cfg) if cfg.get("impl") else "verify_ring", T) and ok("fold", T)
                      else "check failed"))
-    for name, gcfg in (gluon_configs() if gluon_here() else []):
-        out.append(("step_eager", "ours", gcfg,
-                     [lambda i=i, a_=a_, c=gcfg: ours_step_eager(i, pool, T, a_, c) for i, a_ in steps_of],
-                     None if ok(name, T) and ok("fold", T) else "check failed"))
     for lz in pool["lazy"]:
         out.append((f"step_lazy_L{lz['L']}", "ours", None,
                     [lambda i=i, a_=a_, lz=lz: ours_step_lazy(i, pool, T, lz, a_) for i, a_ in steps_of],
